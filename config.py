@@ -1,0 +1,181 @@
+"""Run configuration: typed dataclasses, YAML presets and strict dotted overrides.
+
+    cfg = load_config("configs/gla_125m.yaml", ["--optim.lr=3e-4", "--train.max_steps", "200"])
+
+Every key in a YAML file or an override must name a dataclass field; an unknown key is an
+error that suggests the closest field, never silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from data.config import DataConfig
+from model.config import ModelConfig
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1          # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.1          # not applied to norms, biases, embeddings
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0             # 0 disables clipping
+
+
+@dataclass
+class TrainConfig:
+    name: str = "run"
+    out_dir: str = "runs"
+    seed: int = 1337
+    micro_batch_size: int = 8          # sequences per rank per micro-step
+    grad_accum: int = 1                # micro-steps per optimizer step
+    max_steps: int = 1000
+    precision: str = "auto"            # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
+    log_interval: int = 10
+    eval_interval: int = 200           # 0 disables periodic validation
+    eval_batches: int = 20
+    ckpt_interval: int = 500           # 0: only the final checkpoint
+    keep_ckpts: int = 2
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _unknown(key: str, where: str, choices: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key.split(".")[-1], choices, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(choices)}"
+    return ConfigError(f"unknown config key {key!r} in {where}{hint}")
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    """Convert a YAML/CLI value to the field's declared type, or raise naming the key."""
+    if dataclasses.is_dataclass(typ):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {key!r} must be a mapping, got {value!r}")
+        return _from_dict(typ, value, key)
+    try:
+        if typ is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                return value.lower() in ("true", "1", "yes")
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)  # YAML reads "3e-4" as a string; float() accepts it
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    raise ConfigError(f"config key {key!r} expects {typ.__name__}, got {value!r}")
+
+
+def _from_dict(cls: type, d: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    known = _fields(cls)
+    kwargs = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in known:
+            raise _unknown(key, cls.__name__, sorted(known))
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def set_dotted(cfg: Config, key: str, raw: str) -> None:
+    """Set `a.b.c` on a nested dataclass from a CLI string (parsed as YAML, then type-checked)."""
+    obj, parts = cfg, key.split(".")
+    for i, p in enumerate(parts):
+        known = _fields(type(obj))
+        if p not in known:
+            raise _unknown(key, type(obj).__name__, sorted(known))
+        if i == len(parts) - 1:
+            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            typ = typing.get_type_hints(type(obj))[p]
+            if dataclasses.is_dataclass(typ):
+                raise ConfigError(f"config key {key!r} is a section; set one of its fields")
+            setattr(obj, p, _coerce("" if value is None else value, typ, key))
+        else:
+            obj = getattr(obj, p)
+            if not dataclasses.is_dataclass(obj):
+                raise ConfigError(f"config key {key!r}: {'.'.join(parts[:i + 1])} is not a section")
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """`--a.b=v` or `--a.b v` pairs; anything else is an error."""
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--") or len(a) == 2:
+            raise ConfigError(f"unexpected argument {a!r}: overrides look like --section.key=value")
+        if "=" in a:
+            k, v = a[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override {a!r} has no value")
+            k, v = a[2:], args[i + 1]
+            i += 2
+        out.append((k, v))
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    d = {}
+    if path is not None:
+        with open(path) as f:
+            d = yaml.safe_load(f) or {}
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+    try:
+        cfg = _from_dict(Config, d)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    for k, v in parse_overrides(overrides or []):
+        set_dotted(cfg, k, v)
+    return cfg
+
+
+def config_from_dict(d: dict) -> Config:
+    """The inverse of to_dict (e.g. a checkpoint's saved config), with the same strict checking."""
+    return _from_dict(Config, d)
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)

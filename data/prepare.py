@@ -1,0 +1,113 @@
+"""The prepare step: turn a source's split into token shards once, then reuse them.
+
+    store = prepare_split(cfg.data, "train")        # builds on first use, verifies afterwards
+    python -m data.prepare --config configs/gla_125m.yaml   # all three splits ahead of a run
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data.config import DataConfig
+from data.shards import ShardError, TokenStore, build, is_current, read_meta
+from data.sources import SPLITS, Source, default_num_proc, load_text, parse_source, text_fingerprint
+from data.synthetic import MarkovSource
+from data.tokenizer import EOT, get_tokenizer, tokenizer_fingerprint
+
+
+def source_for(cfg: DataConfig, split: str) -> Source:
+    spec = cfg.source if split == "train" or not cfg.eval_source else cfg.eval_source
+    return parse_source(spec)
+
+
+def shard_folder(cfg: DataConfig, src: Source, split: str) -> Path:
+    return Path(cfg.cache_dir) / src.slug / split
+
+
+def _synthetic(cfg: DataConfig, split: str, folder: Path, log) -> dict:
+    s = cfg.synthetic
+    fingerprint = {"kind": "synthetic", "vocab_size": s.vocab_size, "order": s.order,
+                   "concentration": s.concentration, "seed": s.seed, "split": split,
+                   "n_tokens": s.train_tokens if split == "train" else s.eval_tokens}
+    meta = read_meta(folder)
+    if is_current(meta, fingerprint):
+        return meta
+    log(f"[data] generating synthetic {split} split ({fingerprint['n_tokens']:,} tokens) in {folder}")
+    src = MarkovSource(s)
+
+    def fill(writer):
+        writer.append(src.sample(fingerprint["n_tokens"], stream=SPLITS.index(split)))
+        return {"vocab_size": s.vocab_size, "entropy_rate": src.entropy_rate,
+                "n_words": None, "n_bytes": None}
+
+    return build(folder, fingerprint, fill)
+
+
+def _text(cfg: DataConfig, src: Source, split: str, folder: Path, log) -> dict:
+    enc = get_tokenizer(cfg.tokenizer_file or None)
+    fingerprint = {"kind": src.kind, "text": text_fingerprint(src, split),
+                   "tokenizer": tokenizer_fingerprint(enc)}
+    meta = read_meta(folder)
+    if is_current(meta, fingerprint):
+        return meta
+    if meta is not None:
+        log(f"[data] {folder}: metadata does not match this source/tokenizer; rebuilding")
+    ds = load_text(src, split)
+    num_proc = default_num_proc(len(ds), cfg.num_proc)
+    log(f"[data] tokenizing {src.slug}/{split}: {len(ds):,} rows with {num_proc} process(es)")
+
+    def tokenize(batch):
+        texts = batch["text"]
+        return {"ids": enc.encode_ordinary_batch(texts, num_threads=1),
+                "n_words": [len(t.split()) for t in texts],
+                "n_bytes": [len(t.encode("utf-8")) for t in texts]}
+
+    tok = ds.map(tokenize, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
+                 remove_columns=ds.column_names, desc=f"tokenize {split}", load_from_cache_file=False)
+
+    def fill(writer):
+        n_words = n_bytes = 0
+        for tbl in tok.with_format("arrow").iter(batch_size=65_536):
+            writer.append(tbl.column("ids").combine_chunks().flatten().to_numpy())
+            n_words += int(np.asarray(tbl.column("n_words")).sum())
+            n_bytes += int(np.asarray(tbl.column("n_bytes")).sum())
+        return {"vocab_size": enc.n_vocab, "eot": EOT, "n_words": n_words, "n_bytes": n_bytes}
+
+    return build(folder, fingerprint, fill)
+
+
+def prepare_split(cfg: DataConfig, split: str, log=print) -> TokenStore:
+    """Shards for `split` (train/valid/test), built if missing or stale, opened and verified."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    src = source_for(cfg, split)
+    folder = shard_folder(cfg, src, split)
+    if src.kind == "synthetic":
+        _synthetic(cfg, split, folder, log)
+    else:
+        _text(cfg, src, split, folder, log)
+    return TokenStore(folder, verify=cfg.verify)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from config import load_config
+
+    p = argparse.ArgumentParser(description="Tokenize a config's data splits into shards.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--splits", default="train,valid,test")
+    args, rest = p.parse_known_args(argv)
+    cfg = load_config(args.config, rest)
+    for split in args.splits.split(","):
+        try:
+            store = prepare_split(cfg.data, split)
+        except (ShardError, FileNotFoundError) as e:
+            sys.exit(f"error: {e}")
+        print(f"{split}: {store.n_tokens:,} tokens in {store.folder}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Deterministic batches: a pure function of (seed, step, micro-step, rank).
+
+The token stream is cut into non-overlapping windows of seq_len + 1 tokens (inputs and shifted
+targets). Each epoch visits every window once in an order drawn from (seed, epoch). Optimizer
+step `s` consumes global rows [s·G, (s+1)·G) of that endless sequence, G = micro_batch · accum ·
+world; rank r's micro-step m takes rows (m·world + r)·micro_batch + [0, micro_batch).
+
+Consequences: the same rows in the same order for every backend (parity), resuming at step s needs
+no sampler state, and a global batch is the same set of rows whatever the world size.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from data.shards import TokenStore
+
+
+class BatchSampler:
+    def __init__(self, store: TokenStore, seq_len: int, micro_batch: int, grad_accum: int = 1,
+                 world_size: int = 1, rank: int = 0, seed: int = 0):
+        self.store, self.T = store, seq_len
+        self.n_windows = (len(store) - 1) // seq_len
+        if self.n_windows < 1:
+            raise ValueError(f"{store.folder}: {len(store)} tokens is too few for seq_len {seq_len}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside world of {world_size}")
+        self.mb, self.accum, self.world, self.rank, self.seed = micro_batch, grad_accum, world_size, rank, seed
+        self._perm_epoch, self._perm = -1, None
+
+    @property
+    def global_batch(self) -> int:
+        return self.mb * self.accum * self.world
+
+    def _window(self, row: int) -> int:
+        epoch, pos = divmod(row, self.n_windows)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+            self._perm_epoch = epoch
+        return int(self._perm[pos])
+
+    def rows(self, step: int, micro: int) -> list[int]:
+        base = step * self.global_batch + (micro * self.world + self.rank) * self.mb
+        return list(range(base, base + self.mb))
+
+    def windows(self, step: int, micro: int) -> list[int]:
+        return [self._window(r) for r in self.rows(step, micro)]
+
+    def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each int64 [micro_batch, seq_len]."""
+        return windows_to_batch(self.store, self.windows(step, micro), self.T)
+
+    def epoch_of(self, step: int) -> float:
+        return step * self.global_batch / self.n_windows
+
+
+def windows_to_batch(store: TokenStore, windows: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    buf = np.stack([store.get(w * T, T + 1) for w in windows])
+    t = torch.from_numpy(buf)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int,
+                 world_size: int = 1, rank: int = 0):
+    """The first n_batches·micro_batch·world windows in stream order, this rank's share, batched."""
+    n_windows = (len(store) - 1) // seq_len
+    total = min(n_batches * micro_batch * world_size, n_windows)
+    mine = list(range(rank, total, world_size))
+    for i in range(0, len(mine), micro_batch):
+        yield windows_to_batch(store, mine[i:i + micro_batch], seq_len)

@@ -1,0 +1,98 @@
+"""Data source specs and loading raw text splits through `datasets`.
+
+Specs:
+    hf:Salesforce/wikitext:wikitext-103-raw-v1   a Hugging Face hub dataset (name[:config]) with a text column
+    local:DIR  or  DIR                           wiki.{train,valid,test}.raw (the official archive's
+                                                 layout) or {train,valid,test}[.txt|.raw] files
+    synthetic                                    data.synthetic.MarkovSource (no text, no tokenizer)
+Splits are called train / valid / test everywhere; hub splits named `validation` are mapped.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLITS = ("train", "valid", "test")
+_LOCAL_NAMES = {
+    "train": ("wiki.train.raw", "train.txt", "train.raw", "train"),
+    "valid": ("wiki.valid.raw", "valid.txt", "valid.raw", "validation.txt", "valid", "validation"),
+    "test": ("wiki.test.raw", "test.txt", "test.raw", "test"),
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str                  # "hf" | "local" | "synthetic"
+    name: str = ""             # hub dataset name or absolute directory
+    config: str | None = None  # hub config name
+
+    @property
+    def slug(self) -> str:
+        """A folder name for this source's shards."""
+        if self.kind == "synthetic":
+            return "synthetic"
+        base = self.name.strip("/").replace("/", "_") + (f"_{self.config}" if self.config else "")
+        return f"{self.kind}_{base}"[-120:]
+
+
+def parse_source(spec: str) -> Source:
+    if spec == "synthetic":
+        return Source("synthetic")
+    if spec.startswith("hf:"):
+        parts = spec[3:].split(":")
+        if not parts[0] or len(parts) > 2:
+            raise ValueError(f"bad hub source {spec!r}; expected hf:NAME or hf:NAME:CONFIG")
+        return Source("hf", parts[0], parts[1] if len(parts) == 2 else None)
+    path = spec[len("local:"):] if spec.startswith("local:") else spec
+    if not path or not Path(path).is_dir():
+        raise ValueError(f"data source {spec!r} is neither 'synthetic', 'hf:NAME[:CONFIG]' nor an "
+                         "existing directory (local:DIR)")
+    return Source("local", str(Path(path).resolve()))
+
+
+def local_split_file(src: Source, split: str) -> Path:
+    for name in _LOCAL_NAMES[split]:
+        p = Path(src.name) / name
+        if p.is_file():
+            return p
+    raise FileNotFoundError(f"no {split!r} split in {src.name}: looked for {', '.join(_LOCAL_NAMES[split])}")
+
+
+def text_fingerprint(src: Source, split: str) -> dict:
+    """What identifies a split's raw text, for deciding whether shards are stale."""
+    if src.kind == "local":
+        p = local_split_file(src, split)
+        st = p.stat()
+        return {"file": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"dataset": src.name, "config": src.config, "split": split}
+
+
+def load_text(src: Source, split: str):
+    """The split as a `datasets.Dataset` with one line of raw text (newline kept) per row."""
+    import datasets
+
+    if src.kind == "local":
+        path = local_split_file(src, split)
+        return datasets.load_dataset("text", data_files={split: str(path)}, split=split,
+                                     keep_linebreaks=True)
+    if src.kind == "hf":
+        hub_split = "validation" if split == "valid" else split
+        try:
+            ds = datasets.load_dataset(src.name, src.config, split=hub_split)
+        except Exception as e:
+            raise RuntimeError(
+                f"could not load {src.name!r} ({src.config}) split {hub_split!r} from the Hugging "
+                f"Face hub: {type(e).__name__}: {e}. Offline, point --data.source (and "
+                "--data.eval_source) at a local directory of text files instead.") from e
+        if "text" not in ds.column_names:
+            raise ValueError(f"{src.name}: no 'text' column (columns: {ds.column_names})")
+        return ds.select_columns(["text"])
+    raise ValueError(f"source kind {src.kind!r} has no text")
+
+
+def default_num_proc(n_rows: int, requested: int = 0) -> int:
+    """Worker processes for tokenization: spawning only pays for large splits."""
+    if requested > 0:
+        return requested
+    return max(1, min(os.cpu_count() or 1, n_rows // 50_000))

@@ -1,0 +1,16 @@
+"""Model families. `build_model(cfg)` is the one constructor the scripts use."""
+from __future__ import annotations
+
+import importlib
+
+import torch.nn as nn
+
+from model.config import ModelConfig
+
+FAMILIES = {"gla": "model.gla"}
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    if cfg.family not in FAMILIES:
+        raise ValueError(f"unknown model family {cfg.family!r}; families: {', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[cfg.family]).build(cfg)

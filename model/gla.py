@@ -1,0 +1,54 @@
+"""Gated Linear Attention (Yang et al., ICML 2024), as ../shared/DESIGN.md §3 defines it.
+
+    q = x W_q,  k = x W_k,  v = x W_v,  gk = logsigmoid(x W_g1 W_g2 + b) / 16
+    S_t = diag(exp(gk_t)) S_{t-1} + k_tᵀ v_t,   o_t = (q_t K^{-1/2}) S_t
+    y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.common import CausalLM, RMSNorm
+from model.config import ModelConfig
+from ops import get_op
+
+
+class GLAMixer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        d, H, K, V = cfg.d_model, cfg.n_heads, cfg.head_k_dim, cfg.head_v_dim
+        self.H, self.K, self.V, self.normalizer = H, K, V, cfg.gate_normalizer
+        self.q_proj = nn.Linear(d, H * K, bias=False)
+        self.k_proj = nn.Linear(d, H * K, bias=False)
+        self.v_proj = nn.Linear(d, H * V, bias=False)
+        self.gk_down = nn.Linear(d, cfg.gate_low_rank, bias=False)          # W_g1
+        self.gk_up = nn.Linear(cfg.gate_low_rank, H * K, bias=True)         # W_g2, b
+        self.r_proj = nn.Linear(d, H * V, bias=False)                       # output gate W_r
+        self.o_norm = RMSNorm(V, cfg.norm_eps)                              # per head, weight shared by heads
+        self.o_proj = nn.Linear(H * V, d, bias=False)
+        self.o_proj.residual_out = True
+        self.gla = get_op("gla", cfg.backend)
+        self.resolved_ops = {"gla": cfg.backend}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [B, T, d] → [B, T, d]."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.H, self.K)
+        k = self.k_proj(x).view(B, T, self.H, self.K)
+        v = self.v_proj(x).view(B, T, self.H, self.V)
+        gk = F.logsigmoid(self.gk_up(self.gk_down(x)).float()).view(B, T, self.H, self.K) / self.normalizer
+        o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5)                  # [B, T, H, V]
+        o = self.o_norm(o) * F.silu(self.r_proj(x).view(B, T, self.H, self.V))
+        return self.o_proj(o.reshape(B, T, self.H * self.V))
+
+    def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
+        """Mixer FLOPs beyond the projections, fwd + bwd (3× fwd), chunkwise form: per head the
+        C×K scores, C×V scores·values, and q·S plus the state update (2·K·V each)."""
+        C = min(chunk, seq_len)
+        return 3.0 * self.H * 2 * (C * self.K + C * self.V + 2 * self.K * self.V)
+
+
+def build(cfg: ModelConfig) -> CausalLM:
+    return CausalLM(cfg, GLAMixer)

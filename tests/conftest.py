@@ -1,0 +1,36 @@
+"""Shared fixtures. Triton kernels run under the interpreter when no GPU is present."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any triton import
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+BPE_FILE = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
+WIKITEXT_EVAL = SHARED / "data" / "wikitext-103-eval"
+
+
+@pytest.fixture
+def bpe_file() -> Path:
+    if not BPE_FILE.is_file():
+        pytest.skip(f"needs the offline GPT-2 BPE ranks at {BPE_FILE} (../shared is not beside this checkout)")
+    return BPE_FILE
+
+
+@pytest.fixture
+def poison_empty(monkeypatch):
+    """torch.empty / empty_like return NaN-filled floating tensors, so unwritten outputs fail."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def nan_fill(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan_fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan_fill(real_like(*a, **k)))
+

@@ -1,0 +1,101 @@
+"""GLA: the chunkwise oracle (the `naive` backend) against the step recurrence, forward and every
+gradient, at awkward shapes and extreme decays; gradcheck on tiny shapes."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from ops import get_op
+from ops.gla.naive import _chunk_gla, gla, gla_recurrent
+from tests.helpers import grads_close, rel_err
+
+# (B, T, H, K, V): T not a multiple of C, T < C, T = 1, B = H = 1, K ≠ V, K = 1
+SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 1, 4)]
+# log-decay ranges: realistic, near 0 (no decay), and very negative (state wiped each step)
+DECAYS = {"realistic": (-5.0, 0.0), "near0": (-1e-6, 0.0), "extreme": (-1e4, -1e2), "mixed": None}
+
+
+def make_inputs(B, T, H, K, V, decay, scalar=False, dtype=torch.float64, seed=None):
+    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    q, k = (torch.randn(B, T, H, K, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(B, T, H, V, generator=g, dtype=dtype)
+    Kg = 1 if scalar else K
+    if DECAYS[decay] is None:  # half the channels barely decay, half are wiped out
+        gk = torch.where(torch.rand(B, T, H, Kg, generator=g) < 0.5,
+                         torch.full((B, T, H, Kg), -1e-4), torch.full((B, T, H, Kg), -50.0)).to(dtype)
+    else:
+        lo, hi = DECAYS[decay]
+        gk = (torch.rand(B, T, H, Kg, generator=g, dtype=dtype) * (hi - lo) + lo)
+    h0 = torch.randn(B, H, K, V, generator=g, dtype=dtype)
+    return q, k, v, gk, h0
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("decay", list(DECAYS))
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+def test_chunk_matches_recurrence_fwd_bwd(shape, decay, scalar):
+    inputs = make_inputs(*shape, decay, scalar)
+    a = [x.clone().requires_grad_() for x in inputs]
+    b = [x.clone().requires_grad_() for x in inputs]
+    o1, s1 = gla_recurrent(*a[:4], initial_state=a[4], output_final_state=True)
+    o2, s2 = gla(*b[:4], initial_state=b[4], output_final_state=True)
+    assert rel_err(o2, o1) < 1e-10 and rel_err(s2, s1) < 1e-10
+    do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    ((o1 * do).sum() + (s1 * ds).sum()).backward()
+    ((o2 * do).sum() + (s2 * ds).sum()).backward()
+    grads_close([x.grad for x in b], [y.grad for y in a], "q k v gk h0".split(), 1e-9)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
+def test_chunk_sizes(chunk_size):
+    q, k, v, gk, h0 = make_inputs(2, 150, 2, 8, 12, "realistic")
+    o1, s1 = gla_recurrent(q, k, v, gk, initial_state=h0, output_final_state=True)
+    o2, s2 = _chunk_gla(q, k, v, gk, None, h0, True, chunk_size=chunk_size)
+    assert rel_err(o2, o1) < 1e-10 and rel_err(s2, s1) < 1e-10
+
+
+def test_fp32_against_fp64_reference():
+    """fp32 inputs stay within fp32 rounding of the fp64 recurrence, also at extreme decays."""
+    for decay in ("realistic", "extreme", "mixed"):
+        inputs = [x.float() for x in make_inputs(2, 200, 2, 32, 16, decay)]
+        # the reference sees the same fp32-rounded inputs: only the arithmetic differs
+        ref, _ = gla_recurrent(*(x.double() for x in inputs[:4]), initial_state=inputs[4].double())
+        out, _ = gla(*inputs[:4], initial_state=inputs[4])
+        assert out.dtype == torch.float32 and torch.isfinite(out).all()
+        assert rel_err(out, ref) < 1e-5, decay
+
+
+def test_scale_and_no_state_defaults():
+    q, k, v, gk, _ = make_inputs(1, 20, 2, 4, 4, "realistic")
+    o1, s1 = gla(q, k, v, gk)
+    o2, _ = gla(q, k, v, gk, scale=4 ** -0.5)
+    assert s1 is None and rel_err(o1, o2) == 0
+    o3, _ = gla(q * 2, k, v, gk, scale=0.5 * 4 ** -0.5)
+    assert rel_err(o3, o1) < 1e-14
+
+
+def test_autocast_keeps_the_oracle_in_fp32():
+    q, k, v, gk, _ = make_inputs(1, 70, 2, 8, 8, "realistic", dtype=torch.float32)
+    ref, _ = gla(q, k, v, gk)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = gla(q, k, v, gk)
+    assert rel_err(out, ref) < 1e-6
+
+
+def test_gradcheck_tiny():
+    q, k, v, gk, h0 = (x.requires_grad_() for x in make_inputs(1, 6, 1, 3, 2, "realistic"))
+    f = lambda *xs: _chunk_gla(*xs[:4], None, xs[4], True, chunk_size=4, sub_chunk=2)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (q, k, v, gk, h0))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None or not torch.cuda.is_available(),
+                    reason="needs flash-linear-attention and a CUDA GPU")
+def test_naive_matches_fla_reference():
+    from fla.ops.gla.naive import naive_recurrent_gla
+
+    q, k, v, gk, h0 = (x.float().cuda() for x in make_inputs(2, 100, 2, 16, 8, "realistic"))
+    ref, s_ref = naive_recurrent_gla(q, k, v, gk, initial_state=h0, output_final_state=True)
+    out, s = get_op("gla", "naive")(q, k, v, gk, initial_state=h0, output_final_state=True)
+    assert rel_err(out, ref) < 1e-5 and rel_err(s, s_ref) < 1e-5

@@ -1,0 +1,249 @@
+"""Train a chunkfuse language model on one backend.
+
+    python train.py --config configs/smoke.yaml                                  # CPU, synthetic
+    accelerate launch train.py --config configs/gla_340m.yaml --backend fused    # GPU(s)
+    python train.py --config configs/smoke.yaml --resume                         # continue the run
+
+Any config key can be overridden as --section.key=value (unknown keys are errors). The run folder
+<train.out_dir>/<train.name> receives config.yaml, run.json (commit, device, versions, per-layer
+backends), metrics.jsonl and checkpoints/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from tqdm import tqdm
+
+from config import Config, ConfigError, load_config, save_config, to_dict
+from data.prepare import prepare_split
+from data.sampler import BatchSampler, eval_batches
+from model import build_model
+from ops import BackendError
+from utils.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
+
+
+class Diverged(RuntimeError):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML preset under configs/")
+    p.add_argument("--backend", help="kernel backend for every op (shorthand for --model.backend)")
+    p.add_argument("--resume", nargs="?", const="latest", default=None,
+                   help="continue from the run's latest checkpoint, or from the checkpoint PATH")
+    return p.parse_known_args(argv)
+
+
+def lr_at(step: int, cfg: Config) -> float:
+    """Linear warmup to optim.lr, then cosine to lr · min_lr_ratio at train.max_steps."""
+    o, total = cfg.optim, cfg.train.max_steps
+    if step < o.warmup_steps:
+        return o.lr * (step + 1) / o.warmup_steps
+    frac = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+    return o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.optim.AdamW:
+    """AdamW; matrices decay, norms, biases and embeddings do not."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and "embed" not in name else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+                             eps=cfg.optim.eps, fused=fused)
+
+
+def resolve_precision(p: str) -> str:
+    choices = {"auto": None, "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+    if p not in choices:
+        raise ConfigError(f"train.precision must be one of {', '.join(choices)}, got {p!r}")
+    return choices[p] or ("bf16" if torch.cuda.is_available() else "no")
+
+
+@torch.no_grad()
+def evaluate(model, store, cfg: Config, accelerator) -> float:
+    """Mean token loss over the first train.eval_batches batches of the split, across ranks."""
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    for x, y in eval_batches(store, cfg.data.seq_len, cfg.train.micro_batch_size, cfg.train.eval_batches,
+                             accelerator.num_processes, accelerator.process_index):
+        _, loss = model(x.to(accelerator.device), y.to(accelerator.device))
+        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
+    model.train()
+    total = accelerator.reduce(total, reduction="sum")
+    return (total[0] / total[1]).item()
+
+
+def check_finite(pending: list[tuple[int, torch.Tensor, torch.Tensor]], last_ckpt: str | None) -> None:
+    """Raise Diverged at the first step whose loss or gradient norm was not finite."""
+    if not pending:
+        return
+    ok = torch.isfinite(torch.stack([torch.stack([l, g]) for _, l, g in pending]).float()).all(1).tolist()
+    for (step, loss, gnorm), good in zip(pending, ok):
+        if not good:
+            raise Diverged(f"loss {loss.item()} / grad norm {gnorm.item()} at step {step} is not finite; "
+                           f"stopping. The last good checkpoint is {last_ckpt or 'none (none was saved)'}; "
+                           "nothing was saved after the divergence. Lower optim.lr or raise warmup.")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    t_launch = time.time()
+    args, overrides = parse_args(argv)
+    cfg = load_config(args.config, overrides)
+    if args.backend:
+        cfg.model.backend = args.backend
+    tc = cfg.train
+    precision = resolve_precision(tc.precision)
+    accelerator = Accelerator(mixed_precision=precision)
+    main_proc, device = accelerator.is_main_process, accelerator.device
+    log = accelerator.print
+    run_dir = Path(tc.out_dir) / tc.name
+
+    resume_from = None
+    if args.resume == "latest":
+        resume_from = latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
+    elif args.resume:
+        resume_from = resolve_checkpoint(args.resume)
+    elif latest_checkpoint(run_dir) is not None:
+        raise FileExistsError(f"{run_dir} already holds checkpoints; pass --resume to continue it or "
+                              "choose another --train.name")
+
+    with accelerator.main_process_first():
+        train_store = prepare_split(cfg.data, "train", log=log)
+        val_store = prepare_split(cfg.data, "valid", log=log) if tc.eval_interval or tc.eval_batches else None
+    if cfg.model.vocab_size < train_store.vocab_size:
+        raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} < the data's vocabulary "
+                          f"{train_store.vocab_size}")
+    entropy = train_store.meta.get("entropy_rate")
+
+    set_seed(tc.seed)
+    model = build_model(cfg.model)
+    optimizer = make_optimizer(model, cfg, fused=device.type == "cuda")
+    n_params = model.num_params()
+    flops_tok = model.flops_per_token(cfg.data.seq_len)
+    backends = model.backends()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    sampler = BatchSampler(train_store, cfg.data.seq_len, tc.micro_batch_size, tc.grad_accum,
+                           accelerator.num_processes, accelerator.process_index, tc.seed)
+    tokens_per_step = sampler.global_batch * cfg.data.seq_len
+
+    step, last_ckpt = 0, None
+    if resume_from is not None:
+        state = load_checkpoint(accelerator, resume_from)
+        step, last_ckpt = state["step"], str(resume_from)
+        log(f"resumed from {resume_from} at step {step}")
+    if main_proc:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+        info = {"config": to_dict(cfg), "precision": precision, "world_size": accelerator.num_processes,
+                "params": n_params, "backends": [{"layer": i, "op": o, "backend": b} for i, o, b in backends],
+                **environment(device)}
+        (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+    metrics = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=step) if main_proc else None
+    per_layer = sorted({f"{o}={b}" for _, o, b in backends})
+    log(f"{cfg.model.family}: {n_params / 1e6:.2f}M params, layers' ops: {', '.join(per_layer)} "
+        f"(x{cfg.model.n_layers}); {accelerator.num_processes} process(es) on {device}, precision {precision}; "
+        f"{tokens_per_step:,} tokens/step")
+    if entropy is not None:
+        log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
+
+    peak = peak_flops(device, precision)
+    pending: list = []
+    result = {"steps": step}
+    bar = tqdm(total=tc.max_steps, initial=step, disable=not (main_proc and tc.progress), unit="step",
+               dynamic_ncols=True)
+    model.train()
+    t_log, tokens_since, interval_losses, first_step_s = time.time(), 0, [], None
+    try:
+        while step < tc.max_steps:
+            lr = lr_at(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(tc.grad_accum):
+                x, y = (t.to(device, non_blocking=True) for t in sampler.batch(step, micro))
+                sync = micro == tc.grad_accum - 1
+                with nullcontext() if sync else accelerator.no_sync(model):
+                    _, loss = model(x, y)
+                    accelerator.backward(loss / tc.grad_accum)
+                loss_sum += loss.detach() / tc.grad_accum
+            # max_norm = inf measures the norm without clipping
+            gnorm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens_since += tokens_per_step
+            pending.append((step, loss_sum, torch.as_tensor(gnorm, device=device).detach().float()))
+            interval_losses.append(loss_sum)
+            bar.update(1)
+            if first_step_s is None:
+                first_step_s = time.time() - t_launch
+
+            is_last = step == tc.max_steps
+            if step % tc.log_interval == 0 or is_last:
+                check_finite(pending, last_ckpt)
+                pending.clear()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                dt = time.time() - t_log
+                loss_val = accelerator.reduce(torch.stack(interval_losses).mean(), reduction="mean").item()
+                tps = tokens_since / dt
+                row = {"step": step, "loss": loss_val, "lr": lr, "grad_norm": float(gnorm),
+                       "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
+                       "peak_mem_gb": peak_memory_gb(device), "tokens": step * tokens_per_step,
+                       "epoch": sampler.epoch_of(step), "first_step_s": first_step_s}
+                if metrics:
+                    metrics.write(row)
+                bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+                t_log, tokens_since, interval_losses = time.time(), 0, []
+                result.update(loss=loss_val, tokens_per_s=tps)
+
+            if val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last):
+                check_finite(pending, last_ckpt)
+                pending.clear()
+                val = evaluate(model, val_store, cfg, accelerator)
+                if metrics:
+                    metrics.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
+                bar.write(f"step {step}: val loss {val:.4f}" + (f" (entropy rate {entropy:.4f})" if entropy else ""))
+                result["val_loss"] = val
+
+            if (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last:
+                check_finite(pending, last_ckpt)
+                pending.clear()
+                last_ckpt = str(save_checkpoint(accelerator, run_dir, step, {"config": to_dict(cfg)}, tc.keep_ckpts))
+    except Diverged as e:
+        bar.close()
+        if metrics:
+            metrics.write({"step": step, "error": str(e)})
+            metrics.close()
+        raise
+    bar.close()
+    if metrics:
+        metrics.close()
+    result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy)
+    if "val_loss" in result and entropy is not None:
+        log(f"final val loss {result['val_loss']:.4f} nats; source entropy rate {entropy:.4f}; "
+            f"gap {result['val_loss'] - entropy:+.4f}")
+    accelerator.end_training()
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ConfigError, BackendError, Diverged, FileExistsError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,1 @@
+"""Run plumbing shared by train.py, eval/ and scripts/: checkpoints, run metadata, metrics."""

@@ -1,0 +1,84 @@
+"""Atomic checkpoints on top of accelerate's save_state.
+
+    <run>/checkpoints/step_00000500/   model.safetensors, optimizer.bin, RNG states, trainer_state.json
+    <run>/checkpoints/latest           the name of the newest complete checkpoint
+
+A checkpoint is written under `<name>.tmp` and renamed into place only when complete, and
+`latest` moves only after that, so a crash mid-save leaves the previous checkpoint usable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+_STEP = re.compile(r"^step_(\d{8})$")
+STATE_FILE = "trainer_state.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run (the `latest` pointer, else the highest step)."""
+    pointer = Path(run_dir) / "checkpoints" / "latest"
+    if pointer.is_file():
+        p = pointer.parent / pointer.read_text().strip()
+        if (p / STATE_FILE).is_file():
+            return p
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or a run folder meaning its latest checkpoint."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise FileNotFoundError(f"no complete checkpoint in {path} (expected {path}/checkpoints/step_*/{STATE_FILE})")
+    return latest
+
+
+def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: int) -> Path:
+    """Save model, optimizer and RNG states plus `state` (JSON) as step `step`; all ranks call this."""
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step_{step:08d}"
+    tmp = root / f"{final.name}.tmp"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    if accelerator.is_main_process:
+        _write_atomic(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _write_atomic(root / "latest", final.name)
+        for old in complete_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, path: Path) -> dict:
+    accelerator.load_state(str(path))
+    return json.loads((Path(path) / STATE_FILE).read_text())

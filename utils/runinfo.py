@@ -1,0 +1,76 @@
+"""What a run records about itself: commit, device, versions, peak FLOP/s for MFU."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+
+# Dense bf16 tensor-core peaks (datasheet), for the MFU estimate. Unknown devices report no MFU.
+PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    if device.type != "cuda" or precision not in ("bf16", "fp16"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def git_commit() -> dict:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
+                                    text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": sha or None, "dirty": dirty}
+
+
+def environment(device: torch.device) -> dict:
+    info = {"torch": torch.__version__, "device": str(device)}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    try:
+        import fla
+        info["fla"] = getattr(fla, "__version__", "unknown")
+    except ImportError:
+        info["fla"] = None
+    return {**info, **git_commit()}
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak allocated GPU memory, or the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class JsonlWriter:
+    """Appends one JSON object per line, flushed each time, so a crash loses nothing written."""
+
+    def __init__(self, path: Path, truncate_after_step: int | None = None):
+        self.path = Path(path)
+        if truncate_after_step is not None and self.path.is_file():
+            # a resumed run rewrites history after its checkpoint: drop rows the crash left behind
+            keep = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= truncate_after_step]
+            self.path.write_text("".join(line + "\n" for line in keep))
+        self.f = open(self.path, "a")
+
+    def write(self, row: dict) -> None:
+        self.f.write(json.dumps(row) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
