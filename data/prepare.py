@@ -5,6 +5,8 @@
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -46,9 +48,9 @@ def _synthetic(cfg: DataConfig, split: str, folder: Path, log) -> dict:
 
 
 def _text(cfg: DataConfig, src: Source, split: str, folder: Path, log) -> dict:
+    text = text_fingerprint(src, split)  # a missing split file fails here, before any download
     enc = get_tokenizer(cfg.tokenizer_file or None)
-    fingerprint = {"kind": src.kind, "text": text_fingerprint(src, split),
-                   "tokenizer": tokenizer_fingerprint(enc)}
+    fingerprint = {"kind": src.kind, "text": text, "tokenizer": tokenizer_fingerprint(enc)}
     meta = read_meta(folder)
     if is_current(meta, fingerprint):
         return meta
@@ -65,7 +67,8 @@ def _text(cfg: DataConfig, src: Source, split: str, folder: Path, log) -> dict:
                 "n_bytes": [len(t.encode("utf-8")) for t in texts]}
 
     tok = ds.map(tokenize, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
-                 remove_columns=ds.column_names, desc=f"tokenize {split}", load_from_cache_file=False)
+                 remove_columns=ds.column_names, desc=f"tokenize {split}", load_from_cache_file=False,
+                 new_fingerprint=hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16])
 
     def fill(writer):
         n_words = n_bytes = 0
