@@ -18,7 +18,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Under bf16 autocast a mixer's output arrives in bf16 while the weight is fp32; torch's
+        # fused kernel needs matching dtypes (it still accumulates in fp32), else a slow path runs.
+        return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
 
 
 class SwiGLU(nn.Module):

@@ -12,6 +12,7 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 
 import train
+from scripts import plot_run
 from ops import BackendError
 from utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
@@ -65,6 +66,8 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     (a_loss, a_val), (b_loss, b_val) = losses(full), losses(crashed)
     assert sorted(b_loss) == list(range(1, 13))       # rows after the checkpoint were rewritten, once
     assert a_loss == b_loss and a_val == b_val
+    png = plot_run.main([str(full), str(crashed), "--out", str(tmp_path / "loss.png")])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_existing_run_needs_resume(tmp_path):

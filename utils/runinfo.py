@@ -21,13 +21,15 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
 def git_commit() -> dict:
     root = Path(__file__).resolve().parents[1]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
-                                    text=True, timeout=10).stdout.strip())
+        head = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=root,
+                              capture_output=True, text=True, timeout=10)
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
+                                text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
-    return {"commit": sha or None, "dirty": dirty}
+    if head.returncode != 0:  # not a checkout, or no commits (e.g. a copied working tree)
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
 def environment(device: torch.device) -> dict:
