@@ -7,7 +7,8 @@ import torch.nn as nn
 
 from model.config import ModelConfig
 
-FAMILIES = {"gla": "model.gla"}
+FAMILIES = {"gla": "model.gla", "gated_deltanet": "model.gated_deltanet", "mamba2": "model.mamba2",
+            "gpt2": "model.gpt2"}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

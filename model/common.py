@@ -38,18 +38,30 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    """x + mixer(norm(x)), then x + mlp(norm(x))."""
+    """x + mixer(norm(x)), then x + mlp(norm(x)) when the family has an MLP."""
 
-    def __init__(self, cfg: ModelConfig, mixer: nn.Module):
+    def __init__(self, mixer: nn.Module, mlp: nn.Module | None, norm: Callable[[], nn.Module]):
         super().__init__()
-        self.mixer_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mixer_norm = norm()
         self.mixer = mixer
-        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, cfg.swiglu_hidden())
+        self.mlp_norm = norm() if mlp is not None else None
+        self.mlp = mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.mixer(self.mixer_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+        return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv1d over time, then SiLU: [B, T, C] → [B, T, C]."""
+
+    def __init__(self, channels: int, width: int, bias: bool = False):
+        super().__init__()
+        self.conv = nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
 
 
 class CausalLM(nn.Module):
@@ -59,19 +71,25 @@ class CausalLM(nn.Module):
     the backend registry when constructed, so forward never dispatches.
     """
 
-    def __init__(self, cfg: ModelConfig, make_mixer: Callable[[ModelConfig, int], nn.Module]):
+    def __init__(self, cfg: ModelConfig, make_mixer: Callable[[ModelConfig, int], nn.Module],
+                 make_mlp: Callable[[ModelConfig], nn.Module | None] | None = None,
+                 norm: Callable[[], nn.Module] | None = None, learned_positions: bool = False):
         super().__init__()
         self.cfg = cfg
+        make_mlp = make_mlp or (lambda c: SwiGLU(c.d_model, c.swiglu_hidden()))
+        norm = norm or (lambda: RMSNorm(cfg.d_model, cfg.norm_eps))
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, make_mixer(cfg, i)) for i in range(cfg.n_layers))
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if learned_positions else None
+        self.blocks = nn.ModuleList(Block(make_mixer(cfg, i), make_mlp(cfg), norm) for i in range(cfg.n_layers))
+        self.norm = norm()
         # An untied head is its own parameter; the tied head reuses embed.weight in forward, so
         # state dicts never hold aliased tensors (safetensors refuses those).
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """N(0, init_std) weights, zero biases; residual output projections scaled by 1/√(2L)."""
+        """N(0, init_std) weights, zero biases, unit norms; residual output projections scaled by
+        1/√(2L); then each module's own `init_extra()` (decay parameters, latent projections)."""
         std = self.cfg.init_std
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -79,12 +97,21 @@ class CausalLM(nn.Module):
                 nn.init.normal_(m.weight, 0.0, s)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, RMSNorm):
+            elif isinstance(m, (RMSNorm, nn.LayerNorm)):
                 nn.init.ones_(m.weight)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if hasattr(m, "init_extra"):
+                m.init_extra()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss."""
         x = self.embed(idx)                                              # [B, T, d]
+        if self.pos_embed is not None:
+            if idx.shape[1] > self.cfg.max_seq_len:
+                raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
+            x = x + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
@@ -104,7 +131,9 @@ class CausalLM(nn.Module):
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n - self.embed.weight.numel() if exclude_embedding else n
+        if exclude_embedding:
+            n -= self.embed.weight.numel() + (self.pos_embed.weight.numel() if self.pos_embed is not None else 0)
+        return n
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 per matmul weight (head included) plus the mixers' own."""

@@ -1,0 +1,55 @@
+"""RA+MLA (reciprocal attention + multi-head latent attention) oracles in PyTorch.
+
+Per layer, with latent dim L and band W (../shared/DESIGN.md §3):
+    q_lat,h = Q_h W_ql[h]                                   Q: [T, H, D], W_ql: [H, D, L]
+    s_ij = q_lat,i · K_lat,j / √L                           (j ≤ i)
+    s_ij += α · q_lat,j · K_lat,i / √L                      (0 ≤ i − j ≤ W): the transposed score S_ji
+    ctx_h = softmax_j(s) V_lat W_vu[h]                      K_lat, V_lat: [T, L], shared by all heads
+`ramla` with α = None is plain MLA and runs on SDPA in latent space (O(T) memory); with α it
+materialises the T×T scores, which is what the fused kernel ([I]) must beat.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def mla_sdpa(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
+             w_vu: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Plain causal MLA through SDPA. Shapes as `ramla`."""
+    B, T, H, _ = q.shape
+    L = k_lat.shape[-1]
+    q_lat = torch.einsum("bthd,hdl->bhtl", q, w_ql)                                # [B, H, T, L]
+    k = k_lat.unsqueeze(1).expand(B, H, T, L)                                       # shared by heads
+    v = v_lat.unsqueeze(1).expand(B, H, T, L)
+    ctx = F.scaled_dot_product_attention(q_lat, k, v, is_causal=True, scale=scale)  # [B, H, T, L]
+    return torch.einsum("bhtl,hld->bthd", ctx, w_vu)                                # [B, T, H, D]
+
+
+def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
+          w_vu: torch.Tensor, alpha: torch.Tensor | None, window: int,
+          scale: float | None = None) -> torch.Tensor:
+    """RA+MLA attention (the `naive` backend).
+
+    q: [B, T, H, D]; k_lat, v_lat: [B, T, L]; w_ql: [H, D, L]; w_vu: [H, L, D]; alpha: 0-d tensor
+    (learnable) or None for plain MLA; window: band W ≥ 0; scale defaults to 1/√L.
+    Returns the per-head context [B, T, H, D] (the output projection is the model's).
+    """
+    L = k_lat.shape[-1]
+    scale = L ** -0.5 if scale is None else scale
+    if alpha is None:
+        return mla_sdpa(q, k_lat, v_lat, w_ql, w_vu, scale)
+    T, dtype = q.shape[1], q.dtype
+    with torch.autocast(q.device.type, enabled=False):
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q, k_lat, v_lat, w_ql, w_vu = (x.to(acc) for x in (q, k_lat, v_lat, w_ql, w_vu))
+        q_lat = torch.einsum("bthd,hdl->bhtl", q, w_ql)                            # [B, H, T, L]
+        S = q_lat @ k_lat.unsqueeze(1).transpose(-1, -2) * scale                    # [B, H, T(i), T(j)]
+        i = torch.arange(T, device=q.device)[:, None]
+        j = torch.arange(T, device=q.device)[None, :]
+        band = ((i - j >= 0) & (i - j <= window)).to(acc)                           # [T, T]
+        s = S + alpha.to(acc) * S.transpose(-1, -2) * band                          # S_ji on the band
+        p = s.masked_fill(j > i, float("-inf")).softmax(-1)                          # [B, H, T, T]
+        ctx = p @ v_lat.unsqueeze(1)                                                 # [B, H, T, L]
+        o = torch.einsum("bhtl,hld->bthd", ctx, w_vu)                                # [B, T, H, D]
+    return o.to(dtype)

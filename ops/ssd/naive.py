@@ -1,0 +1,55 @@
+"""Mamba-2 SSD oracles in PyTorch: the step recurrence and the chunkwise form.
+
+    h_t = exp(dt_t A) h_{t-1} + dt_t B_tᵀ x_t,    y_t = C_t h_t,    h ∈ R^{N×P}
+
+SSD is scalar-decay GLA with q = C, k = B, v = dt·x, log-decay dt·A and scale 1, so the chunkwise
+form *is* ops/gla/naive.py's (which takes a decay of shape [B, T, H, 1]); only the recurrence is
+written out here, independently, as the test oracle. The D skip connection and the gate live in
+the model (model/mamba2.py), not in the op.
+"""
+from __future__ import annotations
+
+import torch
+
+from ops.gla.naive import _chunk_gla
+
+
+def _expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
+    """[B, T, G, N] → [B, T, H, N]: head h uses group h // (H / G)."""
+    G = t.shape[2]
+    if H % G:
+        raise ValueError(f"ssd: {H} heads are not divisible into {G} groups")
+    return t.repeat_interleave(H // G, dim=2)
+
+
+def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                  initial_state: torch.Tensor | None = None,
+                  output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x: [B, T, H, P]; dt: [B, T, H] (> 0, after softplus); A: [H] (< 0); B, C: [B, T, G, N];
+    initial_state: [B, H, N, P]. Returns y [B, T, H, P] in x's dtype and the final state."""
+    Bsz, T, H, P = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x, dt, A = x.to(acc), dt.to(acc), A.to(acc)
+    Bm, Cm = (_expand_groups(t, H).to(acc) for t in (B, C))                         # [B, T, H, N]
+    h = x.new_zeros(Bsz, H, Bm.shape[-1], P) if initial_state is None else initial_state.to(acc)
+    y = []
+    for t in range(T):
+        a = (dt[:, t] * A).exp()[..., None, None]                                     # [B, H, 1, 1]
+        h = a * h + (dt[:, t, :, None, None] * Bm[:, t].unsqueeze(-1)) * x[:, t].unsqueeze(-2)  # [B, H, N, P]
+        y.append(torch.einsum("bhn,bhnp->bhp", Cm[:, t], h))
+    y = torch.stack(y, 1) if T else x.new_zeros(Bsz, 0, H, P)
+    return y.to(x.dtype), (h if output_final_state else None)
+
+
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise SSD (the `naive` backend), through GLA's chunkwise form; shapes as ssd_recurrent.
+    Returns y [B, T, H, P] in x's dtype and, if asked, the final state [B, H, N, P] in fp32."""
+    H = x.shape[2]
+    with torch.autocast(x.device.type, enabled=False):
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        v = x.to(acc) * dt.to(acc).unsqueeze(-1)                                       # [B, T, H, P]
+        gk = (dt.to(acc) * A.to(acc)).unsqueeze(-1)                                    # [B, T, H, 1]
+        y, h = _chunk_gla(_expand_groups(C, H), _expand_groups(B, H), v, gk, 1.0, initial_state, True)
+    return y.to(x.dtype), (h if output_final_state else None)

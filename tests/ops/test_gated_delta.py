@@ -1,0 +1,88 @@
+"""Gated delta rule: the chunkwise WY/UT oracle against the step recurrence, forward and every
+gradient, at awkward shapes, β near 0 and 1, and strongly decaying gates; gradcheck on tiny shapes."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ops.gated_delta.naive import _chunk_gated_delta, gated_delta, gated_delta_recurrent
+from tests.helpers import grads_close, rel_err
+
+SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 2, 4)]
+GATES = {"realistic": (-5.0, 0.0), "near0": (-1e-6, 0.0), "extreme": (-1e3, -50.0)}
+BETAS = {"mid": (0.0, 1.0), "near0": (0.0, 1e-4), "near1": (1 - 1e-4, 1.0)}
+
+
+def make_inputs(B, T, H, K, V, gate, betas, dtype=torch.float64, seed=None):
+    g_ = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    q = torch.randn(B, T, H, K, generator=g_, dtype=dtype)
+    k = F.normalize(torch.randn(B, T, H, K, generator=g_, dtype=dtype), dim=-1)  # as the model feeds it
+    v = torch.randn(B, T, H, V, generator=g_, dtype=dtype)
+    lo, hi = GATES[gate]
+    g = torch.rand(B, T, H, generator=g_, dtype=dtype) * (hi - lo) + lo
+    lo, hi = BETAS[betas]
+    beta = torch.rand(B, T, H, generator=g_, dtype=dtype) * (hi - lo) + lo
+    h0 = torch.randn(B, H, K, V, generator=g_, dtype=dtype)
+    return q, k, v, g, beta, h0
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("gate", list(GATES))
+@pytest.mark.parametrize("betas", list(BETAS))
+def test_chunk_matches_recurrence_fwd_bwd(shape, gate, betas):
+    inputs = make_inputs(*shape, gate, betas)
+    a = [x.clone().requires_grad_() for x in inputs]
+    b = [x.clone().requires_grad_() for x in inputs]
+    o1, s1 = gated_delta_recurrent(*a[:5], initial_state=a[5], output_final_state=True)
+    o2, s2 = gated_delta(*b[:5], initial_state=b[5], output_final_state=True)
+    assert rel_err(o2, o1) < 1e-10 and rel_err(s2, s1) < 1e-10
+    do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    ((o1 * do).sum() + (s1 * ds).sum()).backward()
+    ((o2 * do).sum() + (s2 * ds).sum()).backward()
+    grads_close([x.grad for x in b], [y.grad for y in a], "q k v g beta h0".split(), 1e-9)
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
+def test_chunk_sizes(chunk_size):
+    q, k, v, g, beta, h0 = make_inputs(2, 150, 2, 8, 12, "realistic", "mid")
+    o1, s1 = gated_delta_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o2, s2 = _chunk_gated_delta(q, k, v, g, beta, None, h0, chunk_size=chunk_size)
+    assert rel_err(o2, o1) < 1e-10 and rel_err(s2, s1) < 1e-10
+
+
+def test_fp32_against_fp64_reference():
+    for gate in GATES:
+        inputs = [x.float() for x in make_inputs(2, 200, 2, 32, 16, gate, "mid")]
+        ref, _ = gated_delta_recurrent(*(x.double() for x in inputs[:5]), initial_state=inputs[5].double())
+        out, _ = gated_delta(*inputs[:5], initial_state=inputs[5])
+        assert out.dtype == torch.float32 and rel_err(out, ref) < 1e-5, gate
+
+
+def test_beta_one_and_no_decay_is_the_delta_rule_overwrite():
+    """β = 1, g = 0, one key repeated: the state forgets the old value for that key."""
+    k = F.normalize(torch.randn(1, 1, 1, 4, dtype=torch.float64), dim=-1).expand(1, 2, 1, 4)
+    v = torch.randn(1, 2, 1, 3, dtype=torch.float64)
+    o, S = gated_delta(k, k, v, torch.zeros(1, 2, 1, dtype=torch.float64), torch.ones(1, 2, 1, dtype=torch.float64),
+                       scale=1.0, output_final_state=True)
+    assert torch.allclose(S[0, 0], k[0, 0, 0, :, None] * v[0, 1, 0][None], atol=1e-12)
+    assert torch.allclose(o[0, 1, 0], v[0, 1, 0], atol=1e-12)
+
+
+def test_gradcheck_tiny():
+    xs = [x.requires_grad_() for x in make_inputs(1, 6, 1, 3, 2, "realistic", "mid")]
+    f = lambda *a: _chunk_gated_delta(*a[:5], None, a[5], chunk_size=4)  # noqa: E731
+    assert torch.autograd.gradcheck(f, tuple(xs))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None or not torch.cuda.is_available(),
+                    reason="needs flash-linear-attention and a CUDA GPU")
+def test_naive_matches_fla_reference():
+    from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+
+    q, k, v, g, beta, h0 = (x.float().cuda() for x in make_inputs(2, 100, 2, 16, 8, "realistic", "mid"))
+    ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
+    out, s = gated_delta(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert rel_err(out, ref) < 1e-5 and rel_err(s, s_ref) < 1e-5
