@@ -34,3 +34,9 @@ def poison_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: nan_fill(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan_fill(real_like(*a, **k)))
 
+
+
+@pytest.fixture
+def device() -> str:
+    """Where Triton kernels run: the GPU when present, else the CPU under TRITON_INTERPRET=1."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -106,5 +106,5 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_missing_backend_is_a_clear_error(tmp_path):
-    with pytest.raises(BackendError, match="op 'gla' has no 'chunk' backend"):
-        train.main(tiny(tmp_path, "b") + ["--backend", "chunk"])
+    with pytest.raises(BackendError, match="op 'gla' has no 'fused' backend"):
+        train.main(tiny(tmp_path, "b") + ["--backend", "fused"])

@@ -90,6 +90,90 @@ def test_gradcheck_tiny():
     assert torch.autograd.gradcheck(f, (q, k, v, gk, h0))
 
 
+# --- Triton backends --------------------------------------------------------------------------
+
+TRITON_BACKENDS = ["chunk"]
+CHUNK_SHAPES = [(2, 50, 2, 8, 6), (1, 5, 1, 4, 4), (1, 1, 1, 4, 3), (1, 130, 2, 16, 8)]
+
+
+def fp32_bound(decay: str, gk: torch.Tensor) -> float:
+    """fp32 Triton vs the fp64 oracle: DESIGN §6's 1e-5, plus, for the `mixed` decays, 4 ulp of the
+    largest within-chunk |b| = |cumsum(gk)|: the kernels hold b in fp32 (ops/common/chunk.py), and
+    steps of −50 accumulate to |b| ~ 1600 inside one chunk, where ulp(b) = 1.2e-4."""
+    if decay != "mixed":
+        return 1e-5
+    from ops.common.cumsum import chunk_cumsum_ref
+
+    return 1e-5 + 4 * 2.0 ** -23 * chunk_cumsum_ref(gk.double().cpu(), 64).abs().max().item()
+
+
+def dgk_floor(q, k, dq, dk) -> float:
+    """∂gk is a reverse cumsum (≤ C = 64 terms) of q⊙dq − k⊙dk, two terms that cancel where the
+    true gradient vanishes (strong decay: ~1e-44): fp32 leaves ~64 · 2⁻²⁴ · (‖q⊙dq‖ + ‖k⊙dk‖)."""
+    return 64 * 2.0 ** -24 * ((q * dq).double().norm() + (k * dk).double().norm()).item()
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("shape", CHUNK_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("decay", list(DECAYS))
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+def test_triton_backend_matches_recurrence(backend, shape, decay, scalar, device, poison_empty):
+    """fp32 inputs (no TF32), every output and gradient against the fp64 recurrence on the same inputs."""
+    op = get_op("gla", backend)
+    inputs = [x.float().to(device) for x in make_inputs(*shape, decay, scalar)]
+    ref_in = [x.double().requires_grad_() for x in inputs]
+    got_in = [x.clone().requires_grad_() for x in inputs]
+    o1, s1 = gla_recurrent(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
+    o2, s2 = op(*got_in[:4], initial_state=got_in[4], output_final_state=True)
+    tol = fp32_bound(decay, inputs[3])
+    assert o2.dtype == torch.float32 and rel_err(o2, o1) < tol and rel_err(s2, s1) < tol
+    do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    ((o1 * do).sum() + (s1 * ds).sum()).backward()
+    ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
+    floor = dgk_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol, {"gk": floor})
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
+def test_triton_chunk_sizes(backend, chunk_size, device):
+    from ops.common.chunk import chunk_decay_attention
+
+    inputs = [x.float().to(device) for x in make_inputs(1, 150, 2, 8, 12, "realistic")]
+    ref_in = [x.double().requires_grad_() for x in inputs]
+    got_in = [x.clone().requires_grad_() for x in inputs]
+    o1, s1 = gla_recurrent(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
+    o2, s2 = chunk_decay_attention(*got_in[:4], 8 ** -0.5, got_in[4], True, chunk_size)
+    assert rel_err(o2, o1) < 1e-5 and rel_err(s2, s1) < 1e-5
+    (o1.sum() + s1.sum()).backward()
+    (o2.sum() + s2.sum()).backward()
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("shape", [(16, 2048, 12, 64, 64), (8, 2048, 4, 256, 512), (2, 1000, 3, 60, 100)],
+                         ids=["mve", "gla340m_layer", "odd"])
+def test_triton_backend_bf16_full_shapes(backend, shape):
+    """bf16 inputs, fp32 accumulation: within 5e-3 of the fp32 naive oracle, forward and gradients."""
+    torch.manual_seed(0)
+    B, T, H, K, V = shape
+    q, k = (torch.randn(B, T, H, K, device="cuda") for _ in range(2))
+    v = torch.randn(B, T, H, V, device="cuda")
+    gk = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16
+    ref_in = [x.clone().requires_grad_() for x in (q, k, v, gk)]
+    got_in = [x.to(torch.bfloat16).requires_grad_() for x in (q, k, v)] + [gk.clone().requires_grad_()]
+    o1, _ = gla(*ref_in)
+    o2, _ = get_op("gla", backend)(*got_in)
+    assert rel_err(o2, o1) < 5e-3
+    do = torch.randn_like(o1)
+    (o1 * do).sum().backward()
+    (o2 * do.to(torch.bfloat16)).sum().backward()
+    for name, x, y in zip("q k v gk".split(), got_in, ref_in):
+        assert rel_err(x.grad, y.grad) < 5e-3, name
+
+
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None or not torch.cuda.is_available(),
                     reason="needs flash-linear-attention and a CUDA GPU")
 def test_naive_matches_fla_reference():

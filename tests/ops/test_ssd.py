@@ -54,6 +54,67 @@ def test_gradcheck_tiny():
     assert torch.autograd.gradcheck(lambda *a: ssd(*a[:5], initial_state=a[5], output_final_state=True), xs)
 
 
+def cancellation_floors(inputs, dy, dh) -> dict[str, float]:
+    """∂dt and ∂A pass through ∂g = reverse cumsum (≤ 64 terms) of q⊙dq − k⊙dk (q = C, k = B per
+    head), which cancel where decays are strong; fp32 leaves ~64·2⁻²⁴·(‖q⊙dq‖ + ‖k⊙dk‖) in ∂g,
+    times |A| in ∂dt and summed against dt over (batch, time) in ∂A. Computed in fp64."""
+    from ops.gla.naive import gla_recurrent
+    from ops.ssd.naive import _expand_groups
+
+    x, dt, A, Bm, Cm, h0 = (t.detach().double().cpu() for t in inputs)
+    H = x.shape[2]
+    q, k = (_expand_groups(t, H).clone().requires_grad_() for t in (Cm, Bm))
+    o, s = gla_recurrent(q, k, x * dt[..., None], (dt * A)[..., None], 1.0, h0, True)
+    ((o * dy.double().cpu()).sum() + (s * dh.double().cpu()).sum()).backward()
+    e = 64 * 2.0 ** -24 * ((q * q.grad).norm() + (k * k.grad).norm()).item()
+    return {"dt": A.abs().max().item() * e, "A": dt.abs().max().item() * e * dt[..., 0].numel() ** 0.5}
+
+
+@pytest.mark.parametrize("backend", ["chunk"])
+@pytest.mark.parametrize("shape", [(2, 70, 4, 8, 2, 16), (1, 5, 2, 4, 1, 8)], ids=lambda s: "B{}T{}H{}P{}G{}N{}".format(*s))
+@pytest.mark.parametrize("dts", list(DT))
+def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_empty):
+    """fp32 inputs (no TF32), every output and gradient (x, dt, A, B, C, h0) against the fp64 recurrence."""
+    from ops import get_op
+
+    inputs = [t.float().to(device) for t in make_inputs(*shape, dts)]
+    ref_in = [t.double().requires_grad_() for t in inputs]
+    got_in = [t.clone().requires_grad_() for t in inputs]
+    y1, h1 = ssd_recurrent(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
+    y2, h2 = get_op("ssd", backend)(*got_in[:5], initial_state=got_in[5], output_final_state=True)
+    assert rel_err(y2, y1) < 1e-5 and rel_err(h2, h1) < 1e-5
+    dy, dh = torch.randn_like(y1), torch.randn_like(h1)
+    ((y1 * dy).sum() + (h1 * dh).sum()).backward()
+    ((y2 * dy.float()).sum() + (h2 * dh.float()).sum()).backward()
+    grads_close([t.grad for t in got_in], [t.grad for t in ref_in], "x dt A B C h0".split(), 1e-5,
+                cancellation_floors(inputs, dy, dh))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
+@pytest.mark.parametrize("backend", ["chunk"])
+def test_triton_backend_bf16_full_shape(backend):
+    """Mamba-2 shape B8 T2048 H24 P64 N128 G1, bf16 x/B/C: within 5e-3 of the fp32 naive oracle."""
+    from ops import get_op
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 2048, 24, 64, device="cuda")
+    dt = torch.nn.functional.softplus(torch.randn(8, 2048, 24, device="cuda") - 3)
+    A = -torch.rand(24, device="cuda") * 15 - 1
+    Bm, Cm = (torch.randn(8, 2048, 1, 128, device="cuda") for _ in range(2))
+    ref_in = [t.clone().requires_grad_() for t in (x, dt, A, Bm, Cm)]
+    got_in = [x.bfloat16().requires_grad_(), dt.clone().requires_grad_(), A.clone().requires_grad_(),
+              Bm.bfloat16().requires_grad_(), Cm.bfloat16().requires_grad_()]
+    y1, _ = ssd(*ref_in)
+    y2, _ = get_op("ssd", backend)(*got_in)
+    assert rel_err(y2, y1) < 5e-3
+    dy = torch.randn_like(y1)
+    (y1 * dy).sum().backward()
+    (y2 * dy.bfloat16()).sum().backward()
+    for name, a, b in zip("x dt A B C".split(), got_in, ref_in):
+        assert rel_err(a.grad, b.grad) < 5e-3, name
+
+
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None or not torch.cuda.is_available(),
                     reason="needs flash-linear-attention and a CUDA GPU")
 def test_naive_matches_fla_simple_gla_reference():

@@ -1,0 +1,73 @@
+"""The chunkwise decayed linear attention (GLA with per-key-dim decay, SSD with a scalar decay)
+as separate Triton stages, fla-style: cumsum → states → intra-chunk A (to HBM) → output, and the
+hand-written backward through the same stages.
+
+    o_t = Σ_{s ≤ t} (scale · q_t ⊙ exp(b_t − b_s)) · k_s  v_s  (+ the incoming state's share)
+
+Precision: b = cumsum(g) is held in fp32, as in flash-linear-attention, so an exponent b_i − b_j
+carries an absolute error of about ulp(|b|) ≈ |b| · 6e-8. That is invisible for realistic decays
+(|b| ≲ 100 within a chunk) and grows to ~1e-4 relative only when per-step log-decays of order −50
+accumulate to |b| ~ 10³ inside one chunk (tests/ops/test_gla.py states this bound). The naive
+oracle accumulates b in fp64 and has no such term.
+"""
+from __future__ import annotations
+
+import torch
+
+from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
+from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
+from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o
+from ops.common.cumsum import chunk_cumsum
+
+CHUNK_SIZES = (16, 32, 64, 128)
+
+
+class ChunkDecayAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size):
+        q, k, v, g = (x.contiguous() for x in (q, k, v, g))
+        h0 = initial_state.contiguous() if initial_state is not None else None
+        b = chunk_cumsum(g, chunk_size)
+        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size)
+        A = chunk_intra_fwd(q, k, b, scale, chunk_size)
+        o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
+        ctx.save_for_backward(q, k, v, b, h, A)
+        ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, b, h, A = ctx.saved_tensors
+        C, scale = ctx.chunk_size, ctx.scale
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C)
+        dA = chunk_bwd_dA(do, v, C)
+        dv = chunk_bwd_dv(k, b, A, do, dh, C)
+        dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
+        dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C)
+        dg = chunk_cumsum(db, C, reverse=True).to(ctx.g_dtype)
+        return dq, dk, dv, dg, None, dh0, None, None
+
+
+def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
+                          initial_state: torch.Tensor | None, output_final_state: bool,
+                          chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H, K] or [B, T, H, 1] log-decays ≤ 0;
+    initial_state: [B, H, K, V]. Returns o [B, T, H, V] (v's dtype) and the final state (fp32)."""
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
+
+
+def check_triton_device() -> None:
+    """Triton kernels run on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1 (tests)."""
+    import os
+
+    from ops import BackendError
+
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise BackendError("the 'chunk' backend runs Triton kernels, which need a CUDA GPU "
+                           "(or TRITON_INTERPRET=1 for slow CPU testing); on this machine use --backend naive")

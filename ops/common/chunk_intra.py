@@ -1,0 +1,208 @@
+"""Intra-chunk attention matrix and its backward, written to / read from HBM between kernels.
+
+    A_ij = scale · Σ_d q_id k_jd exp(b_id − b_jd)   for j ≤ i in the same chunk, else 0
+    dq_i = scale · Σ_j dA_ij k_j ⊙ exp(b_i − b_j),   dk_j = scale · Σ_i dA_ij q_i ⊙ exp(b_i − b_j)
+
+Scalar decay (SCALAR): the decay leaves the dot product, so each chunk is one masked GEMM.
+Per-key-dim decay: the chunk is split into BC-row sub-chunks. An off-diagonal block (I > J) is
+a GEMM after factorising around r, the first row of block I: exp(b_i − b_r) ≤ 1 on the q side
+and exp(b_r − b_j) ≤ 1 on the k side. A diagonal block is computed column by column,
+elementwise. No exponent is ever positive, so no decay, however strong, overflows.
+A is [B, T, H, C] fp32: row t holds its scores against the C positions of its chunk.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_rows(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
+    return tl.load(x + ((i_b * T + rows[:, None]) * H + i_h) * D + cols[None, :],
+                   mask=m_rows[:, None] & m_cols[None, :], other=0.0)
+
+
+@triton.jit
+def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                           BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    i_t, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    i_i, i_j = i_c // NC, i_c % NC
+    if i_t * BT + i_i * BC >= T:                                # sub-block wholly past the sequence
+        return
+    o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
+    o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
+    m_i, m_j = o_i < T, o_j < T
+    b_A = tl.zeros([BC, BC], dtype=tl.float32)
+    if i_i >= i_j:
+        if SCALAR:
+            b_bi = tl.load(b + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.0)
+            b_bj = tl.load(b + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.0)
+            for i_k in range(tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, o_k < K, T, H, K)
+                b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, o_k < K, T, H, K)
+                b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+            keep = (o_i[:, None] >= o_j[None, :]) & m_i[:, None] & m_j[None, :]
+            b_A *= tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
+        elif i_i > i_j:
+            r = i_t * BT + i_i * BC                                # first row of block I (valid)
+            for i_k in range(tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+                b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+                b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+                b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
+                b_kg = b_k * tl.exp(b_br[None, :] - b_bj)
+                b_A += tl.dot(b_qg, tl.trans(b_kg), input_precision=PREC)
+        else:
+            o_c = tl.arange(0, BC)
+            for i_k in range(tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+                b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+                for j in range(BC):
+                    t_j = i_t * BT + i_j * BC + j
+                    m_jk = m_k & ((o_k * 0 + t_j) < T)
+                    b_kj = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
+                    b_bj = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+                    live = (o_c >= j)[:, None] & m_i[:, None]
+                    e = tl.exp(tl.where(live, b_bi - b_bj[None, :], float("-inf")))
+                    col = tl.sum(b_q * b_kj[None, :] * e, axis=1)
+                    b_A += tl.where(o_c[None, :] == j, col[:, None], 0.0)
+    tl.store(A + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_j * BC + tl.arange(0, BC))[None, :],
+             b_A * scale, mask=m_i[:, None])
+
+
+@triton.jit
+def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                           BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s."""
+    i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    NK = tl.cdiv(K, BK)
+    i_k, i_s = i_kc % NK, i_kc // NK
+    if i_t * BT + i_s * BC >= T:                                # sub-block wholly past the sequence
+        return
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    o_s = i_t * BT + i_s * BC + tl.arange(0, BC)
+    m_s = o_s < T
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    o_c = tl.arange(0, BC)
+    if SCALAR:
+        b_bs = tl.load(b + (i_b * T + o_s) * H + i_h, mask=m_s, other=0.0)
+        for i_j in range(i_s + 1):                                         # dq: blocks J ≤ s
+            o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
+            m_j = o_j < T
+            b_bj = tl.load(b + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.0)
+            b_dA = tl.load(dA + ((i_b * T + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_c)[None, :],
+                           mask=m_s[:, None], other=0.0)
+            keep = (o_s[:, None] >= o_j[None, :]) & m_s[:, None] & m_j[None, :]
+            b_dA = b_dA * tl.exp(tl.where(keep, b_bs[:, None] - b_bj[None, :], float("-inf")))
+            b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+            b_dq += tl.dot(b_dA, b_k, input_precision=PREC)
+        for i_i in range(i_s, NC):                                         # dk: blocks I ≥ s
+            o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
+            m_i = o_i < T
+            b_bi = tl.load(b + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.0)
+            b_dA = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_s * BC + o_c)[None, :],
+                           mask=m_i[:, None], other=0.0)
+            keep = (o_i[:, None] >= o_s[None, :]) & m_i[:, None] & m_s[None, :]
+            b_dA = b_dA * tl.exp(tl.where(keep, b_bi[:, None] - b_bs[None, :], float("-inf")))
+            b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_dk += tl.dot(tl.trans(b_dA), b_q, input_precision=PREC)
+    else:
+        b_bs = _load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
+        r_s = i_t * BT + i_s * BC                                          # first row of block s
+        b_brs = tl.load(b + ((i_b * T + r_s) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        for i_j in range(i_s):                                             # dq, off-diagonal J < s
+            o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
+            b_k = _load_rows(k, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K).to(tl.float32)
+            b_bj = _load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
+            b_dA = tl.load(dA + ((i_b * T + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_c)[None, :],
+                           mask=m_s[:, None], other=0.0)
+            b_dq += tl.dot(b_dA, b_k * tl.exp(b_brs[None, :] - b_bj), input_precision=PREC)
+        b_dq *= tl.exp(tl.where(m_s[:, None], b_bs - b_brs[None, :], 0.0))
+        for i_i in range(i_s + 1, NC):                                     # dk, off-diagonal I > s
+            o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
+            m_i = o_i < T
+            r = i_t * BT + i_i * BC
+            r_ok = (o_k * 0 + r) < T
+            b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k & r_ok, other=0.0)
+            b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+            b_dA = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_s * BC + o_c)[None, :],
+                           mask=m_i[:, None], other=0.0)
+            b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
+            b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
+                tl.exp(tl.where(m_s[:, None] & r_ok[None, :], b_br[None, :] - b_bs, float("-inf")))
+        b_q = _load_rows(q, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K).to(tl.float32)
+        for j in range(BC):                                                # diagonal block, row by row
+            t_j = i_t * BT + i_s * BC + j
+            m_jk = m_k & ((o_k * 0 + t_j) < T)
+            b_kj = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_qj = tl.load(q + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_bj = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+            # column j of dA (rows i ≥ j of block s) → dq rows; row j of dA (cols ≤ j) → dk rows
+            dA_col = tl.load(dA + ((i_b * T + o_s) * H + i_h) * BT + i_s * BC + j, mask=m_s, other=0.0)
+            dA_row = tl.load(dA + ((i_b * T + t_j) * H + i_h) * BT + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
+            e_col = tl.exp(tl.where((o_c >= j)[:, None] & m_s[:, None], b_bs - b_bj[None, :], float("-inf")))
+            e_row = tl.exp(tl.where((o_c <= j)[:, None] & m_s[:, None] & ((o_c * 0 + t_j) < T)[:, None], b_bj[None, :] - b_bs,
+                                    float("-inf")))
+            b_dq += dA_col[:, None] * b_kj[None, :] * e_col
+            b_dk += dA_row[:, None] * b_qj[None, :] * e_row
+    p = ((i_b * T + o_s[:, None]) * H + i_h) * K + o_k[None, :]
+    m = m_s[:, None] & m_k[None, :]
+    tl.store(dq + p, b_dq * scale, mask=m)
+    tl.store(dk + p, b_dk * scale, mask=m)
+
+
+def _prec(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _bk(K: int) -> int:
+    return min(64, max(16, triton.next_power_of_2(K)))
+
+
+def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16) -> torch.Tensor:
+    """q, k: [B, T, H, K]; b: [B, T, H, K|1] fp32 → A [B, T, H, C] fp32 (scale included)."""
+    B, T, H, K = q.shape
+    BC = min(sub_chunk, chunk_size)
+    A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
+    NC = chunk_size // BC
+    grid = (triton.cdiv(T, chunk_size), NC * NC, B * H)
+    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, _bk(K), b.shape[-1] == 1, _prec(q))
+    return A
+
+
+def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int = 16):
+    """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32."""
+    B, T, H, K = q.shape
+    BC, BK = min(sub_chunk, chunk_size), _bk(K)
+    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(dq)
+    grid = (triton.cdiv(K, BK) * (chunk_size // BC), triton.cdiv(T, chunk_size), B * H)
+    chunk_intra_bwd_kernel[grid](q, k, b, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1, _prec(q))
+    return dq, dk
+
+
+def chunk_intra_fwd_ref(q, k, b, scale: float, chunk_size: int) -> torch.Tensor:
+    from ops.common.chunk_h import _chunks
+
+    B, T, H, K = q.shape
+    qc, kc, bc = _chunks(q, chunk_size), _chunks(k, chunk_size), _chunks(b, chunk_size)   # [B, N, C, H, D]
+    diff = bc[:, :, :, None] - bc[:, :, None, :]                                          # [B, N, C, C, H, D]
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    e = diff.masked_fill(~causal[:, :, None, None], float("-inf")).exp()
+    A = (qc[:, :, :, None] * kc[:, :, None, :] * e).sum(-1) * scale                       # [B, N, C, C, H]
+    return A.permute(0, 1, 2, 4, 3).reshape(B, -1, H, chunk_size)[:, :T]

@@ -1,0 +1,209 @@
+"""Output and its gradients, chunk by chunk, given the states (chunk_h.py) and A (chunk_intra.py).
+
+    o    = scale · (q ⊙ exp(b)) h_n + A v
+    dA   = do vᵀ on the causal chunk block
+    dv   = Aᵀ do + (k ⊙ exp(b_L − b)) dh_{n+1}
+    dq   = dq_intra + scale · exp(b) ⊙ (do h_nᵀ)
+    dk   = dk_intra + exp(b_L − b) ⊙ (v dh_{n+1}ᵀ)
+    db_t = q_t ⊙ dq_t − k_t ⊙ dk_t, and at the chunk's last row also
+           exp(b_L) ⊙ Σ_v h_n ⊙ dh_{n+1} + Σ_j k_j ⊙ dk_inter_j          (then dg = reverse cumsum of db)
+With a scalar decay, db sums over the key dimension: each K tile writes a partial, summed after.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.common.chunk_intra import _load_rows
+
+
+@triton.jit
+def chunk_fwd_o_kernel(q, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
+                       PREC: tl.constexpr):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    if SCALAR:
+        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        if SCALAR:
+            b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
+        else:
+            b_qd = b_q * tl.exp(_load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)) * scale
+        b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_o += tl.dot(b_qd.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=PREC)
+    b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
+    b_o += tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
+    tl.store(o + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def chunk_bwd_dA_kernel(do, v, dA, T, H: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                        PREC: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
+        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
+        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+    keep = o_t[:, None] >= o_t[None, :]
+    tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :],
+             tl.where(keep, b_dA, 0.0), mask=m_t[:, None])
+
+
+@triton.jit
+def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
+                        PREC: tl.constexpr):
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+    b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
+    b_dv = tl.dot(tl.trans(b_A.to(b_do.dtype)), b_do, input_precision=PREC)
+    if SCALAR:
+        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        if SCALAR:
+            b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+        else:
+            b_bk = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+            b_blk = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+            b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_blk[None, :] - b_bk, 0.0))
+        b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                       mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
+    tl.store(dv + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
+                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)          # do h_nᵀ
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)          # v dh_{n+1}ᵀ
+    b_hdh = tl.zeros([BK], dtype=tl.float32)             # Σ_v h_n ⊙ dh_{n+1}
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_state = ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
+        b_h = tl.load(h + p_state, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_dh = tl.load(dh + p_state, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
+        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
+        b_hdh += tl.sum(b_h * b_dh, axis=1)
+    b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    if SCALAR:
+        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+        b_dq *= (tl.exp(b_b) * scale)[:, None]
+        b_dk *= tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+        b_hdh *= tl.exp(b_bl)
+    else:
+        b_b = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_dq *= tl.exp(b_b) * scale
+        b_dk *= tl.exp(tl.where(m_t[:, None], b_bl[None, :] - b_b, 0.0))
+        b_hdh *= tl.exp(b_bl)
+    p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    tail = b_hdh + tl.sum(b_k * b_dk, axis=0)                 # the last row's extra terms, per key dim
+    b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
+    b_dk += tl.load(dk_intra + p, mask=m_tk, other=0.0)
+    b_db = b_q * b_dq - b_k * b_dk
+    is_last = (o_t == last)[:, None]
+    if SCALAR:
+        row = tl.sum(b_db, axis=1) + tl.where(o_t == last, tl.sum(tail, axis=0), 0.0)
+        tl.store(db + ((i_k * (tl.num_programs(2) // H) + i_b) * T + o_t) * H + i_h, row, mask=m_t)
+    else:
+        tl.store(db + p, b_db + tl.where(is_last, tail[None, :], 0.0), mask=m_tk)
+    tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+
+def _tiles(K: int, V: int) -> tuple[int, int]:
+    return min(64, max(16, triton.next_power_of_2(K))), min(64, max(16, triton.next_power_of_2(V)))
+
+
+def _prec(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BK, BV = _tiles(K, V)
+    o = torch.empty_like(v)
+    grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
+    chunk_fwd_o_kernel[grid](q, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
+                             b.shape[-1] == 1, _prec(v))
+    return o
+
+
+def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
+    B, T, H, V = v.shape
+    dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
+    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, _tiles(V, V)[1], _prec(v))
+    return dA
+
+
+def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int) -> torch.Tensor:
+    B, T, H, K = k.shape
+    V = do.shape[-1]
+    BK, BV = _tiles(K, V)
+    dv = torch.empty_like(do)
+    grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
+    chunk_bwd_dv_kernel[grid](k, b, A, do, dh, dv, T, dh.shape[1], H, K, V, chunk_size, BK, BV,
+                              b.shape[-1] == 1, _prec(do))
+    return dv
+
+
+def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int):
+    """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    BK, BV = _tiles(K, V)
+    NK = triton.cdiv(K, BK)
+    scalar = b.shape[-1] == 1
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
+        torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    grid = (NK, triton.cdiv(T, chunk_size), B * H)
+    chunk_bwd_dqkb_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
+                                H, K, V, chunk_size, BK, BV, scalar, _prec(do))
+    return dq, dk, (db.sum(0) if scalar else db)

@@ -1,0 +1,20 @@
+"""Mamba-2 SSD on the `chunk` backend: the same Triton stages as GLA with a scalar decay
+(q = C, k = B, v = dt·x, log-decay dt·A, scale 1)."""
+from __future__ import annotations
+
+import torch
+
+from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import chunk_decay_attention
+from ops.ssd.naive import _expand_groups
+
+
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shapes as ops.ssd.naive.ssd: x [B, T, H, P]; dt [B, T, H]; A [H]; B, C [B, T, G, N]."""
+    H = x.shape[2]
+    v = (x * dt.unsqueeze(-1)).to(x.dtype)                                      # [B, T, H, P]
+    g = (dt.float() * A.float()).unsqueeze(-1)                                  # [B, T, H, 1]
+    q, k = _expand_groups(C, H).to(x.dtype), _expand_groups(B, H).to(x.dtype)
+    return chunk_decay_attention(q, k, v, g, 1.0, initial_state, output_final_state)
