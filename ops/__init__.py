@@ -45,3 +45,16 @@ def get_op(op: str, backend: str) -> Callable:
     if check is not None:
         check()
     return getattr(module, op)
+
+
+def require_fla(op: str) -> None:
+    """The `fla` backend's availability check, shared by every op that has one."""
+    import torch
+
+    if importlib.util.find_spec("fla") is None:
+        raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention is not installed; "
+                           "pip install -e '.[fla]' (offline: the fla wheels in ../shared/wheels) or "
+                           "choose another --backend")
+    if not torch.cuda.is_available():
+        raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention's kernels need a CUDA GPU; "
+                           "on this machine use --backend naive")

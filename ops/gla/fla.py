@@ -1,21 +1,13 @@
 """GLA on flash-linear-attention's `chunk_gla` (the speed peer); needs the fla package and a GPU."""
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from ops import BackendError
+from ops import require_fla
 
 
 def check_available() -> None:
-    if importlib.util.find_spec("fla") is None:
-        raise BackendError("op 'gla', backend 'fla': flash-linear-attention is not installed; "
-                           "pip install -e '.[fla]' (offline: the fla wheels in ../shared/wheels) or "
-                           "choose another --backend")
-    if not torch.cuda.is_available():
-        raise BackendError("op 'gla', backend 'fla': flash-linear-attention's kernels need a CUDA GPU; "
-                           "on this machine use --backend naive")
+    require_fla("gla")
 
 
 def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,

@@ -1,0 +1,25 @@
+"""SSD on flash-linear-attention's scalar-decay GLA (`chunk_simple_gla`), the speed peer:
+q = C, k = B, v = dt·x, g = dt·A, scale 1. Needs the fla package and a GPU."""
+from __future__ import annotations
+
+import torch
+
+from ops import require_fla
+from ops.ssd.naive import _expand_groups
+
+
+def check_available() -> None:
+    require_fla("ssd")
+
+
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shapes as ops.ssd.naive.ssd."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    H = x.shape[2]
+    v = (x * dt.unsqueeze(-1)).to(x.dtype)
+    q, k = _expand_groups(C, H).to(x.dtype), _expand_groups(B, H).to(x.dtype)
+    return chunk_simple_gla(q, k, v, g=(dt.float() * A.float()), scale=1.0, initial_state=initial_state,
+                            output_final_state=output_final_state)
