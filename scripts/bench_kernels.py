@@ -116,7 +116,8 @@ def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
         return {**row, "status": "n/a", "why": str(e)}
     args, needs_grad = case.make(case.dims, device)
     out = fn(*args)[0]
-    do = torch.randn_like(out, dtype=torch.float32).to(out.dtype)
+    gen = torch.Generator(device=device).manual_seed(1)      # the same upstream gradient for every backend
+    do = torch.randn(out.shape, generator=gen, device=device).to(out.dtype)
     grads = torch.autograd.grad(out, needs_grad, do)
     if ref is None:                                      # this is the reference (naive)
         ref = {"out": out.detach().float(), "grads": [g.float() for g in grads]}

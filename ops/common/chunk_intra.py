@@ -185,14 +185,15 @@ def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16)
     return A
 
 
-def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int = 16):
+def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int = 16, num_warps: int = 4):
     """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32."""
     B, T, H, K = q.shape
     BC, BK = min(sub_chunk, chunk_size), _bk(K)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
     grid = (triton.cdiv(K, BK) * (chunk_size // BC), triton.cdiv(T, chunk_size), B * H)
-    chunk_intra_bwd_kernel[grid](q, k, b, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1, _prec(q))
+    chunk_intra_bwd_kernel[grid](q, k, b, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1, _prec(q),
+                                 num_warps=num_warps)
     return dq, dk
 
 
@@ -206,3 +207,10 @@ def chunk_intra_fwd_ref(q, k, b, scale: float, chunk_size: int) -> torch.Tensor:
     e = diff.masked_fill(~causal[:, :, None, None], float("-inf")).exp()
     A = (qc[:, :, :, None] * kc[:, :, None, :] * e).sum(-1) * scale                       # [B, N, C, C, H]
     return A.permute(0, 1, 2, 4, 3).reshape(B, -1, H, chunk_size)[:, :T]
+
+
+def chunk_intra_bwd_ref(q, k, b, dA, scale: float, chunk_size: int):
+    """dq, dk of the intra-chunk scores by autograd through chunk_intra_fwd_ref."""
+    qr, kr = q.detach().float().requires_grad_(), k.detach().float().requires_grad_()
+    A = chunk_intra_fwd_ref(qr, kr, b.float(), scale, chunk_size)
+    return torch.autograd.grad(A, (qr, kr), dA.float())

@@ -182,18 +182,18 @@ def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
     return dA
 
 
-def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int) -> torch.Tensor:
+def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.Tensor:
     B, T, H, K = k.shape
     V = do.shape[-1]
     BK, BV = _tiles(K, V)
     dv = torch.empty_like(do)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     chunk_bwd_dv_kernel[grid](k, b, A, do, dh, dv, T, dh.shape[1], H, K, V, chunk_size, BK, BV,
-                              b.shape[-1] == 1, _prec(do))
+                              b.shape[-1] == 1, _prec(do), num_warps=num_warps)
     return dv
 
 
-def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int):
+def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4):
     """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -205,5 +205,5 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, triton.cdiv(T, chunk_size), B * H)
     chunk_bwd_dqkb_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
-                                H, K, V, chunk_size, BK, BV, scalar, _prec(do))
+                                H, K, V, chunk_size, BK, BV, scalar, _prec(do), num_warps=num_warps)
     return dq, dk, (db.sum(0) if scalar else db)
