@@ -119,14 +119,20 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        p_state = ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :]
-        b_h = tl.load(h + p_state, mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_dh = tl.load(dh + p_state, mask=m_k[:, None] & m_v[None, :], other=0.0)
+        # h and dh are loaded already transposed ([BV, BK]) rather than through tl.trans: with bf16
+        # operands and more than one V tile, dot(do, trans(h)) accumulated over the V loop gave wrong
+        # dq/dk on the H100 with Triton 3.6 (rel. error 0.91 at V = 256 and 512, 2e-3 at V = 64;
+        # fp32 exact; num_warps 2/4/8 alike; scripts/debug_chunk_stages.py, 2026-11-22). Cf. the
+        # tl.trans-into-tl.dot miscompile in ../shared/GPU.md.
+        p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
+        m_vk = m_v[:, None] & m_k[None, :]
+        b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
+        b_dht = tl.load(dh + p_state_t, mask=m_vk, other=0.0)
         b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_dq += tl.dot(b_do, tl.trans(b_h.to(b_do.dtype)), input_precision=PREC)
-        b_dk += tl.dot(b_v, tl.trans(b_dh.to(b_v.dtype)), input_precision=PREC)
-        b_hdh += tl.sum(b_h * b_dh, axis=1)
+        b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC)
+        b_dk += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC)
+        b_hdh += tl.sum(b_ht * b_dht, axis=0)
     b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:
