@@ -26,8 +26,8 @@ def rel(a, b):
 
 def main():
     dev, C = "cuda", 64
-    for (B, T, H, K, V) in [(2, 256, 2, 64, 64), (2, 256, 2, 256, 512), (2, 256, 2, 128, 64), (2, 256, 2, 64, 256)]:
-        for dtype in (torch.float32, torch.bfloat16):
+    for (B, T, H, K, V) in [(2, 256, 2, 64, 256), (2, 256, 2, 256, 512)]:
+        for dtype in (torch.bfloat16,):
             torch.manual_seed(0)
             q, k = (torch.randn(B, T, H, K, device=dev).to(dtype) for _ in range(2))
             v = torch.randn(B, T, H, V, device=dev).to(dtype)
@@ -44,13 +44,13 @@ def main():
             dq_r, dk_r, dv_r, dg_r = torch.autograd.grad(o_ref, ref_in, do.float())
             o = chunk_fwd_o(q, v, b, h, A, scale, C)
             line = [f"B{B} T{T} H{H} K{K} V{V} {str(dtype)[6:]}: o {rel(o, o_ref):.1e}"]
-            for nw in (2, 4, 8):
+            for nw, ns in ((4, 1), (4, 2), (4, 3), (8, 1)):
                 dqi, dki = chunk_intra_bwd(q, k, b, dA, scale, C, num_warps=nw)
                 dqi_r, dki_r = chunk_intra_bwd_ref(q, k, b, dA, scale, C)
                 dv = chunk_bwd_dv(k, b, A, do, dh, C, num_warps=nw)
-                dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dqi, dki, scale, C, num_warps=nw)
+                dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dqi, dki, scale, C, num_warps=nw, num_stages=ns)
                 dg = chunk_cumsum(db, C, reverse=True)
-                line.append(f"| w{nw}: intra dq {rel(dqi, dqi_r):.1e} dk {rel(dki, dki_r):.1e} dv {rel(dv, dv_r):.1e} "
+                line.append(f"| w{nw}s{ns}: intra dq {rel(dqi, dqi_r):.1e} dk {rel(dki, dki_r):.1e} dv {rel(dv, dv_r):.1e} "
                             f"dq {rel(dq, dq_r):.1e} dk {rel(dk, dk_r):.1e} dg {rel(dg, dg_r):.1e}")
             print(" ".join(line), flush=True)
 

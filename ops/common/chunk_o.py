@@ -199,7 +199,8 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
     return dv
 
 
-def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4):
+def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4,
+                  num_stages: int | None = None):
     """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -211,5 +212,6 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, triton.cdiv(T, chunk_size), B * H)
     chunk_bwd_dqkb_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
-                                H, K, V, chunk_size, BK, BV, scalar, _prec(do), num_warps=num_warps)
+                                H, K, V, chunk_size, BK, BV, scalar, _prec(do), num_warps=num_warps,
+                                **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (db.sum(0) if scalar else db)
