@@ -119,11 +119,11 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        # h and dh are loaded already transposed ([BV, BK]) rather than through tl.trans: with bf16
-        # operands and more than one V tile, dot(do, trans(h)) accumulated over the V loop gave wrong
-        # dq/dk on the H100 with Triton 3.6 (rel. error 0.91 at V = 256 and 512, 2e-3 at V = 64;
-        # fp32 exact; num_warps 2/4/8 alike; scripts/debug_chunk_stages.py, 2026-11-22). Cf. the
-        # tl.trans-into-tl.dot miscompile in ../shared/GPU.md.
+        # OPEN BUG (2026-11-22, H100, Triton 3.6): with bf16 operands and V ≥ 256 this kernel's dq,
+        # dk and db are wrong (rel. error 0.9; o, dv and the intra parts are right; fp32 is exact;
+        # num_warps 2/4/8 and num_stages 1/2/3 alike). Loading h/dh transposed here instead of
+        # tl.trans did not change it. Localise per stage with scripts/debug_chunk_stages.py;
+        # bench/results/2026-11-22-h100-chunk.md has the numbers.
         p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
         m_vk = m_v[:, None] & m_k[None, :]
         b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
