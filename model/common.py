@@ -64,6 +64,15 @@ class ShortConv(nn.Module):
         return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
 
 
+def init_ssm_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
+    """Mamba's decay init, shared by Mamba-2 and Gated DeltaNet: A ∈ [1, 16], and
+    dt = softplus(dt_bias) log-uniform in [1e-3, 0.1]."""
+    with torch.no_grad():
+        A_log.copy_(torch.empty_like(A_log).uniform_(1, 16).log())
+        dt = torch.empty_like(dt_bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
+        dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))                   # inverse softplus
+
+
 class CausalLM(nn.Module):
     """Token embedding, `n_layers` blocks, final norm and (tied) output head.
 

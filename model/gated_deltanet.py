@@ -7,13 +7,11 @@
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, ShortConv
+from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_
 from model.config import ModelConfig
 from ops import get_op
 
@@ -41,11 +39,7 @@ class GatedDeltaNetMixer(nn.Module):
         self.resolved_ops = {"gated_delta": cfg.backend}
 
     def init_extra(self) -> None:
-        """Mamba-style decay init: A ∈ [1, 16], dt = softplus(dt_bias) log-uniform in [1e-3, 0.1]."""
-        with torch.no_grad():
-            self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
-            dt = torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))           # inverse softplus
+        init_ssm_decay_(self.A_log, self.dt_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, d] → [B, T, d]."""

@@ -7,13 +7,11 @@
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU
+from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_
 from model.config import ModelConfig
 from ops import get_op
 
@@ -39,10 +37,8 @@ class Mamba2Mixer(nn.Module):
         self.resolved_ops = {"ssd": cfg.backend}
 
     def init_extra(self) -> None:
+        init_ssm_decay_(self.A_log, self.dt_bias)
         with torch.no_grad():
-            self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1, 16).log())
-            dt = torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))           # inverse softplus
             self.D.fill_(1.0)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:

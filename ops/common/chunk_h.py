@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.common.tiles import dot_precision, tile
+
 
 @triton.jit
 def chunk_fwd_h_kernel(k, v, b, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -92,25 +94,17 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K
         tl.store(dh0 + p_state, b_dh, mask=m_kv)
 
 
-def _tiles(K: int, V: int) -> tuple[int, int]:
-    return min(64, max(16, triton.next_power_of_2(K))), min(64, max(16, triton.next_power_of_2(V)))
-
-
-def _prec(x: torch.Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 stays exact; bf16 operands use tensor cores
-
-
 def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int):
     """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32. Returns h [B, NT, H, K, V] fp32
     (the state entering each chunk) and the final state [B, H, K, V] or None."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
-    BK, BV = _tiles(K, V)
+    BK, BV = tile(K), tile(V)
     h = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=k.device)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, ht, T, NT, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
-                             h0 is not None, output_final_state, _prec(v))
+                             h0 is not None, output_final_state, dot_precision(v))
     return h, ht
 
 
@@ -118,12 +112,12 @@ def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int):
     """Returns dh [B, NT, H, K, V] fp32 (gradient of the state *leaving* each chunk) and dh0."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
-    BK, BV = _tiles(K, V)
+    BK, BV = tile(K), tile(V)
     dh = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
     chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, dh0, scale, T, NT, H, K, V, chunk_size, BK, BV,
-                              b.shape[-1] == 1, dht is not None, need_dh0, _prec(do))
+                              b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do))
     return dh, dh0
 
 

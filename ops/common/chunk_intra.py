@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.common.tiles import dot_precision, tile
+
 
 @triton.jit
 def _load_rows(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
@@ -166,14 +168,6 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
     tl.store(dk + p, b_dk * scale, mask=m)
 
 
-def _prec(x: torch.Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
-def _bk(K: int) -> int:
-    return min(64, max(16, triton.next_power_of_2(K)))
-
-
 def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16) -> torch.Tensor:
     """q, k: [B, T, H, K]; b: [B, T, H, K|1] fp32 → A [B, T, H, C] fp32 (scale included)."""
     B, T, H, K = q.shape
@@ -181,18 +175,18 @@ def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16)
     A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
     NC = chunk_size // BC
     grid = (triton.cdiv(T, chunk_size), NC * NC, B * H)
-    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, _bk(K), b.shape[-1] == 1, _prec(q))
+    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), b.shape[-1] == 1, dot_precision(q))
     return A
 
 
 def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int = 16, num_warps: int = 4):
     """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32."""
     B, T, H, K = q.shape
-    BC, BK = min(sub_chunk, chunk_size), _bk(K)
+    BC, BK = min(sub_chunk, chunk_size), tile(K)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
     grid = (triton.cdiv(K, BK) * (chunk_size // BC), triton.cdiv(T, chunk_size), B * H)
-    chunk_intra_bwd_kernel[grid](q, k, b, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1, _prec(q),
+    chunk_intra_bwd_kernel[grid](q, k, b, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1, dot_precision(q),
                                  num_warps=num_warps)
     return dq, dk
 

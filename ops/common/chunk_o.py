@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ops.common.chunk_intra import _load_rows
+from ops.common.tiles import dot_precision, tile
 
 
 @triton.jit
@@ -162,40 +163,32 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
-def _tiles(K: int, V: int) -> tuple[int, int]:
-    return min(64, max(16, triton.next_power_of_2(K))), min(64, max(16, triton.next_power_of_2(V)))
-
-
-def _prec(x: torch.Tensor) -> str:
-    return "ieee" if x.dtype == torch.float32 else "tf32"
-
-
 def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV = _tiles(K, V)
+    BK, BV = tile(K), tile(V)
     o = torch.empty_like(v)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     chunk_fwd_o_kernel[grid](q, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
-                             b.shape[-1] == 1, _prec(v))
+                             b.shape[-1] == 1, dot_precision(v))
     return o
 
 
 def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
     B, T, H, V = v.shape
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
-    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, _tiles(V, V)[1], _prec(v))
+    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v))
     return dA
 
 
 def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.Tensor:
     B, T, H, K = k.shape
     V = do.shape[-1]
-    BK, BV = _tiles(K, V)
+    BK, BV = tile(K), tile(V)
     dv = torch.empty_like(do)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     chunk_bwd_dv_kernel[grid](k, b, A, do, dh, dv, T, dh.shape[1], H, K, V, chunk_size, BK, BV,
-                              b.shape[-1] == 1, _prec(do), num_warps=num_warps)
+                              b.shape[-1] == 1, dot_precision(do), num_warps=num_warps)
     return dv
 
 
@@ -204,7 +197,7 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
     """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV = _tiles(K, V)
+    BK, BV = tile(K), tile(V)
     NK = triton.cdiv(K, BK)
     scalar = b.shape[-1] == 1
     dq, dk = torch.empty_like(q), torch.empty_like(k)
@@ -212,6 +205,6 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, triton.cdiv(T, chunk_size), B * H)
     chunk_bwd_dqkb_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
-                                H, K, V, chunk_size, BK, BV, scalar, _prec(do), num_warps=num_warps,
+                                H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), num_warps=num_warps,
                                 **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (db.sum(0) if scalar else db)
