@@ -4,8 +4,12 @@ With b the chunk-local cumulative log-decay (cumsum.py), chunk n's incoming stat
 b_L the value at the chunk's last valid row:
     forward:   h_{n+1} = exp(b_L) ⊙ h_n + (k ⊙ exp(b_L − b))ᵀ v          (stores every h_n)
     backward:  dh_n = exp(b_L) ⊙ dh_{n+1} + (scale · q ⊙ exp(b))ᵀ do     (stores dh_{n+1} per chunk)
-States are [K, V] fp32 per (batch, head), tiled BK × BV; decay broadcasts over V (and over K when
-it is a scalar per head: SCALAR).
+States are [K, V] per (batch, head), tiled BK × BV; decay broadcasts over V (and over K when it is
+a scalar per head: SCALAR). The recurrence runs in fp32 registers; the per-chunk copies h_n and
+dh_{n+1} are stored in the inputs' dtype, as flash-linear-attention stores h: every consumer feeds
+them to a tensor-core dot in that dtype anyway, so bf16 storage loses nothing there and halves the
+traffic. (With fp32 copies, the bf16 dq/dk kernel was also miscompiled on the H100 for V ≥ 256:
+bench/results/2026-11-22-h100-chunk.md.) Initial and final states stay fp32.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constex
     if USE_H0:
         b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     for i_t in range(NT):
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]), b_h, mask=m_kv)
+        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
+                 b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         last = tl.minimum(i_t * BT + BT, T) - 1
@@ -70,7 +75,8 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K
         b_dh += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
     for j in range(NT):
         i_t = NT - 1 - j
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]), b_dh, mask=m_kv)
+        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
+                 b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         last = tl.minimum(i_t * BT + BT, T) - 1
@@ -95,12 +101,12 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K
 
 
 def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int):
-    """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32. Returns h [B, NT, H, K, V] fp32
-    (the state entering each chunk) and the final state [B, H, K, V] or None."""
+    """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32. Returns h [B, NT, H, K, V] in k's
+    dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or None."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
-    h = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=k.device)
+    h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, ht, T, NT, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
@@ -109,11 +115,12 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int):
 
 
 def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int):
-    """Returns dh [B, NT, H, K, V] fp32 (gradient of the state *leaving* each chunk) and dh0."""
+    """Returns dh [B, NT, H, K, V] in q's dtype (gradient of the state *leaving* each chunk) and
+    dh0 [B, H, K, V] fp32."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
-    dh = torch.empty(B, NT, H, K, V, dtype=torch.float32, device=q.device)
+    dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
     chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, dh0, scale, T, NT, H, K, V, chunk_size, BK, BV,
@@ -144,3 +151,14 @@ def chunk_fwd_h_ref(k, v, b, h0, chunk_size):
         kd = kc[:, n] * torch.where(valid, (bl[:, n, None] - bc[:, n]).exp(), 0.0)   # [B, C, H, K]
         S = bl[:, n].exp()[..., None] * S + torch.einsum("bchk,bchv->bhkv", kd, vc[:, n])
     return torch.stack(hs, 1), S
+
+
+def chunk_bwd_dh_ref(q, do, b, dht, scale: float, chunk_size: int):
+    B, T, H, K = q.shape
+    qc, doc, bc, bl = _chunks(q, chunk_size), _chunks(do, chunk_size), _chunks(b, chunk_size), _last(b, T, chunk_size)
+    dS = torch.zeros(B, H, K, do.shape[-1], device=q.device) if dht is None else dht.float()
+    dhs = []
+    for n in reversed(range(qc.shape[1])):
+        dhs.append(dS)
+        dS = bl[:, n].exp()[..., None] * dS + torch.einsum("bchk,bchv->bhkv", qc[:, n] * bc[:, n].exp() * scale, doc[:, n])
+    return torch.stack(dhs[::-1], 1), dS

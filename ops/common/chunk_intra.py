@@ -8,7 +8,7 @@ Per-key-dim decay: the chunk is split into BC-row sub-chunks. An off-diagonal bl
 a GEMM after factorising around r, the first row of block I: exp(b_i − b_r) ≤ 1 on the q side
 and exp(b_r − b_j) ≤ 1 on the k side. A diagonal block is computed column by column,
 elementwise. No exponent is ever positive, so no decay, however strong, overflows.
-A is [B, T, H, C] fp32: row t holds its scores against the C positions of its chunk.
+A is [B, T, H, C] in the inputs' dtype: row t holds its scores against the C positions of its chunk.
 """
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ from ops.common.tiles import dot_precision, tile
 def _load_rows(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
     return tl.load(x + ((i_b * T + rows[:, None]) * H + i_h) * D + cols[None, :],
                    mask=m_rows[:, None] & m_cols[None, :], other=0.0)
+
+
+@triton.jit
+def _load_rows_t(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
+    """The tile x[rows, cols] transposed, [cols, rows], loaded as such. A dot with tl.trans of a loaded
+    bf16 tile inside a loop was miscompiled by Triton 3.6 on the H100 (chunk_o.py's dA kernel)."""
+    return tl.load(x + ((i_b * T + rows[None, :]) * H + i_h) * D + cols[:, None],
+                   mask=m_rows[None, :] & m_cols[:, None], other=0.0)
 
 
 @triton.jit
@@ -45,8 +53,8 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             for i_k in range(tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, o_k < K, T, H, K)
-                b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, o_k < K, T, H, K)
-                b_A += tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+                b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, o_k < K, T, H, K)
+                b_A += tl.dot(b_q, b_kt, input_precision=PREC)
             keep = (o_i[:, None] >= o_j[None, :]) & m_i[:, None] & m_j[None, :]
             b_A *= tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
         elif i_i > i_j:
@@ -55,13 +63,13 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
                 b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-                b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+                b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
                 b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
-                b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                b_bjt = _load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
                 b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k, other=0.0)
                 b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
-                b_kg = b_k * tl.exp(b_br[None, :] - b_bj)
-                b_A += tl.dot(b_qg, tl.trans(b_kg), input_precision=PREC)
+                b_kgt = b_kt * tl.exp(b_br[:, None] - b_bjt)
+                b_A += tl.dot(b_qg, b_kgt, input_precision=PREC)
         else:
             o_c = tl.arange(0, BC)
             for i_k in range(tl.cdiv(K, BK)):
@@ -79,7 +87,7 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
                     col = tl.sum(b_q * b_kj[None, :] * e, axis=1)
                     b_A += tl.where(o_c[None, :] == j, col[:, None], 0.0)
     tl.store(A + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_j * BC + tl.arange(0, BC))[None, :],
-             b_A * scale, mask=m_i[:, None])
+             (b_A * scale).to(A.dtype.element_ty), mask=m_i[:, None])
 
 
 @triton.jit
@@ -169,10 +177,11 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
 
 
 def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16) -> torch.Tensor:
-    """q, k: [B, T, H, K]; b: [B, T, H, K|1] fp32 → A [B, T, H, C] fp32 (scale included)."""
+    """q, k: [B, T, H, K]; b: [B, T, H, K|1] fp32 → A [B, T, H, C] in q's dtype (scale included;
+    accumulated in fp32, stored in the dtype both of its consumers cast it to before their dots)."""
     B, T, H, K = q.shape
     BC = min(sub_chunk, chunk_size)
-    A = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=q.device)
+    A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
     NC = chunk_size // BC
     grid = (triton.cdiv(T, chunk_size), NC * NC, B * H)
     chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), b.shape[-1] == 1, dot_precision(q))

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _load_rows
+from ops.common.chunk_h import _chunks, _last
+from ops.common.chunk_intra import _load_rows, _load_rows_t
 from ops.common.tiles import dot_precision, tile
 
 
@@ -60,9 +61,10 @@ def chunk_bwd_dA_kernel(do, v, dA, T, H: tl.constexpr, V: tl.constexpr, BT: tl.c
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
-        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
-        b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+        m_v = o_v < V
+        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_vt = _load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)                  # [BV, BT]
+        b_dA += tl.dot(b_do, b_vt, input_precision=PREC)
     keep = o_t[:, None] >= o_t[None, :]
     tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :],
              tl.where(keep, b_dA, 0.0), mask=m_t[:, None])
@@ -120,11 +122,6 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        # OPEN BUG (2026-11-22, H100, Triton 3.6): with bf16 operands and V ≥ 256 this kernel's dq,
-        # dk and db are wrong (rel. error 0.9; o, dv and the intra parts are right; fp32 is exact;
-        # num_warps 2/4/8 and num_stages 1/2/3 alike). Loading h/dh transposed here instead of
-        # tl.trans did not change it. Localise per stage with scripts/debug_chunk_stages.py;
-        # bench/results/2026-11-22-h100-chunk.md has the numbers.
         p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
         m_vk = m_v[:, None] & m_k[None, :]
         b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
@@ -133,7 +130,7 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
         b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC)
         b_dk += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC)
-        b_hdh += tl.sum(b_ht * b_dht, axis=0)
+        b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
     b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:
@@ -177,7 +174,12 @@ def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
 def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
     B, T, H, V = v.shape
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
-    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v))
+    # num_stages=1: software-pipelining this loop (num_stages 2 or 3) made Triton 3.6 compute it wrongly
+    # on the H100 with bf16 operands and three or more V tiles (rel. error 0.9; fp32 and V ≤ 128 right;
+    # so did num_warps=8, tl.trans or a transposed load alike). Unpipelined or fully unrolled it is
+    # right at every V: bench/results/2026-11-22-h100-chunk.md.
+    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v),
+                                                             num_stages=1)
     return dA
 
 
@@ -208,3 +210,47 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
                                 H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), num_warps=num_warps,
                                 **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (db.sum(0) if scalar else db)
+
+
+def chunk_fwd_o_ref(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
+    B, T, H, _ = q.shape
+    qc, vc, bc, Ac = (_chunks(x, chunk_size) for x in (q, v, b, A))                # [B, N, C, H, D]
+    o = torch.einsum("bnchk,bnhkv->bnchv", qc * bc.exp() * scale, h.float()) + \
+        torch.einsum("bnihj,bnjhv->bnihv", Ac, vc)
+    return o.reshape(B, -1, H, v.shape[-1])[:, :T]
+
+
+def chunk_bwd_dA_ref(do, v, chunk_size: int) -> torch.Tensor:
+    B, T, H, _ = v.shape
+    dA = torch.einsum("bnihv,bnjhv->bnihj", _chunks(do, chunk_size), _chunks(v, chunk_size))
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
+    return (dA * causal[:, None, :]).reshape(B, -1, H, chunk_size)[:, :T]
+
+
+def _k_to_end(k, b, chunk_size: int) -> torch.Tensor:
+    """k ⊙ exp(b_L − b) per chunk, zero on padded rows: [B, N, C, H, K]."""
+    B, T = k.shape[:2]
+    kc, bc = _chunks(k, chunk_size), _chunks(b, chunk_size)
+    valid = (torch.arange(kc.shape[1] * chunk_size, device=k.device) < T).view(1, -1, chunk_size, 1, 1)
+    return kc * torch.where(valid, (_last(b, T, chunk_size)[:, :, None] - bc).exp(), 0.0)
+
+
+def chunk_bwd_dv_ref(k, b, A, do, dh, chunk_size: int) -> torch.Tensor:
+    B, T, H, _ = k.shape
+    dv = torch.einsum("bnihj,bnihv->bnjhv", _chunks(A, chunk_size), _chunks(do, chunk_size)) + \
+        torch.einsum("bnchk,bnhkv->bnchv", _k_to_end(k, b, chunk_size), dh.float())
+    return dv.reshape(B, -1, H, do.shape[-1])[:, :T]
+
+
+def chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int):
+    B, T, H, K = q.shape
+    C = chunk_size
+    dq_in = torch.einsum("bnchv,bnhkv->bnchk", _chunks(do, C), h.float()) * _chunks(b, C).exp() * scale
+    dk_in = torch.einsum("bnchv,bnhkv->bnchk", _chunks(v, C), dh.float()) * _k_to_end(torch.ones_like(k), b, C)
+    dq = dq_in.reshape(B, -1, H, K)[:, :T] + dq_intra
+    dk = dk_in.reshape(B, -1, H, K)[:, :T] + dk_intra
+    db = q.float() * dq - k.float() * dk
+    tail = _last(b, T, C).exp() * (h.float() * dh.float()).sum(-1) + (_chunks(k, C) * dk_in).sum(2)  # [B, N, H, K]
+    ends = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=q.device)[: -(-T // C)], max=T - 1)
+    db[:, ends] += tail
+    return dq, dk, (db.sum(-1, keepdim=True) if b.shape[-1] == 1 else db)

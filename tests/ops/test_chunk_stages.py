@@ -1,28 +1,70 @@
-"""Each Triton stage of the chunk backend (ops/common/) against the `_ref` beside it."""
+"""Each Triton stage of the chunk backend (ops/common/) against the `_ref` beside it, forward and backward.
+
+fp32 (no TF32) everywhere: within 1e-6 of the reference. bf16 on the GPU as well, where Triton takes
+another code path (tensor-core dots; the H100 miscompiled one of these stages only in bf16): each
+product there has one operand rounded to bf16 inside the kernel (q ⊙ exp(b), h, A), 2⁻⁸ relative,
+so 1e-2 holds any correct kernel and a wrong one lands near 1.
+"""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ops.common.chunk_h import chunk_fwd_h, chunk_fwd_h_ref
-from ops.common.chunk_intra import chunk_intra_fwd, chunk_intra_fwd_ref
+from ops.common.chunk_h import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
+from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
+from ops.common.chunk_o import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
+                                chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref)
 from ops.common.cumsum import chunk_cumsum, chunk_cumsum_ref
 from tests.helpers import rel_err
 
-CASES = [(2, 50, 2, 8, 6, 16), (1, 70, 1, 20, 12, 64), (1, 5, 1, 4, 4, 32)]   # B, T, H, K, V, C
+# B, T, H, K, V, C: ragged T, T < C, several K tiles (K = 140) and V tiles (V = 140)
+CASES = [(2, 50, 2, 8, 6, 16), (1, 70, 1, 20, 140, 64), (1, 5, 1, 4, 4, 32), (1, 40, 1, 140, 12, 16)]
+# on the GPU, also the shapes where bf16 went wrong (four or more V tiles) and the kernel benchmark's layer shape
+GPU_CASES = [(2, 256, 2, 64, 256, 64), (2, 256, 2, 256, 512, 64), (2, 1000, 3, 60, 100, 64), (1, 300, 2, 128, 64, 128)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+def cases():
+    out = [pytest.param(c, torch.float32, id=f"{c}-fp32") for c in CASES]
+    if torch.cuda.is_available():
+        out += [pytest.param(c, dt, id=f"{c}-{str(dt)[6:]}") for c in CASES + GPU_CASES
+                for dt in (torch.float32, torch.bfloat16) if (c, dt) not in [(c2, torch.float32) for c2 in CASES]]
+    return out
+
+
+def stage_inputs(B, T, H, K, V, C, dtype, scalar, device):
+    g = -torch.rand(B, T, H, 1 if scalar else K, device=device) * 3 / (1 if scalar else 8)
+    q, k = (torch.randn(B, T, H, K, device=device).to(dtype) for _ in range(2))
+    v, do = (torch.randn(B, T, H, V, device=device).to(dtype) for _ in range(2))
+    h0, dht = (torch.randn(B, H, K, V, device=device) for _ in range(2))
+    return g, q, k, v, do, h0, dht
+
+
+@pytest.mark.parametrize("case,dtype", cases())
 @pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
-def test_stages_match_refs(case, scalar, device, poison_empty):
+def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     B, T, H, K, V, C = case
-    g = -torch.rand(B, T, H, 1 if scalar else K, device=device) * 3
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    g, q, k, v, do, h0, dht = stage_inputs(B, T, H, K, V, C, dtype, scalar, device)
+    scale = K ** -0.5
     for reverse in (False, True):
         assert rel_err(chunk_cumsum(g, C, reverse), chunk_cumsum_ref(g, C, reverse)) < 1e-6
     b = chunk_cumsum(g, C)
-    q, k = (torch.randn(B, T, H, K, device=device) for _ in range(2))
-    v, h0 = torch.randn(B, T, H, V, device=device), torch.randn(B, H, K, V, device=device)
     h, ht = chunk_fwd_h(k, v, b, h0, True, C)
     h_ref, ht_ref = chunk_fwd_h_ref(k, v, b, h0, C)
-    assert rel_err(h, h_ref) < 1e-6 and rel_err(ht, ht_ref) < 1e-6
-    assert rel_err(chunk_intra_fwd(q, k, b, 0.5, C), chunk_intra_fwd_ref(q, k, b, 0.5, C)) < 1e-6
+    assert h.dtype == dtype and rel_err(h, h_ref) < tol and rel_err(ht, ht_ref) < tol, "h"
+    A = chunk_intra_fwd(q, k, b, scale, C)
+    assert rel_err(A, chunk_intra_fwd_ref(q, k, b, scale, C)) < tol, "A"
+    assert rel_err(chunk_fwd_o(q, v, b, h, A, scale, C), chunk_fwd_o_ref(q, v, b, h, A, scale, C)) < tol, "o"
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, True, scale, C)
+    dh_ref, dh0_ref = chunk_bwd_dh_ref(q, do, b, dht, scale, C)
+    assert rel_err(dh, dh_ref) < tol and rel_err(dh0, dh0_ref) < tol, "dh"
+    dA = chunk_bwd_dA(do, v, C)
+    assert rel_err(dA, chunk_bwd_dA_ref(do, v, C)) < tol, "dA"
+    assert rel_err(chunk_bwd_dv(k, b, A, do, dh, C), chunk_bwd_dv_ref(k, b, A, do, dh, C)) < tol, "dv"
+    dqi, dki = chunk_intra_bwd(q, k, b, dA, scale, C)
+    dqi_ref, dki_ref = chunk_intra_bwd_ref(q, k, b, dA, scale, C)
+    assert rel_err(dqi, dqi_ref) < tol and rel_err(dki, dki_ref) < tol, "intra dq, dk"
+    got = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dqi, dki, scale, C)
+    ref = chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dqi, dki, scale, C)
+    for name, x, y in zip(("dq", "dk", "db"), got, ref):
+        assert rel_err(x, y) < tol, name
