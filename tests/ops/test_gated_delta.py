@@ -86,3 +86,92 @@ def test_naive_matches_fla_reference():
     ref, s_ref = naive_recurrent_gated_delta_rule(q, k, v, beta, g, initial_state=h0, output_final_state=True)
     out, s = gated_delta(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert rel_err(out, ref) < 1e-5 and rel_err(s, s_ref) < 1e-5
+
+
+# --- Triton backends --------------------------------------------------------------------------
+
+TRITON_BACKENDS = ["chunk"]
+# (B, T, H, K, V): T not a multiple of C = 64 (two chunks, ragged), T < C with B = H = 1, T = 1; K ≠ V
+CHUNK_SHAPES = [(2, 70, 1, 8, 6), (1, 5, 1, 4, 4), (1, 1, 2, 4, 3)]
+
+
+def dg_floor(q, k, dq, dk) -> float:
+    """∂g is a reverse cumsum (≤ C = 64 terms) of db = q·dq − k·dk + (WY terms), whose output-stage
+    terms cancel where the true gradient vanishes (extreme gates: ~1e-25): fp32 leaves
+    ~64 · 2⁻²⁴ · (‖q⊙dq‖ + ‖k⊙dk‖), as for GLA's ∂gk (tests/ops/test_gla.py)."""
+    return 64 * 2.0 ** -24 * ((q * dq).double().norm() + (k * dk).double().norm()).item()
+
+
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("shape", CHUNK_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+@pytest.mark.parametrize("gate", list(GATES))
+@pytest.mark.parametrize("betas", list(BETAS))
+def test_triton_backend_matches_recurrence(backend, shape, gate, betas, device, poison_empty):
+    """fp32 inputs (no TF32): the output, the final state and every gradient (through both) against
+    the fp64 recurrence on the same inputs, DESIGN §6's 1e-5."""
+    from ops import get_op
+
+    op = get_op("gated_delta", backend)
+    inputs = [x.float().to(device) for x in make_inputs(*shape, gate, betas)]
+    ref_in = [x.double().requires_grad_() for x in inputs]
+    got_in = [x.clone().requires_grad_() for x in inputs]
+    o1, s1 = gated_delta_recurrent(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
+    o2, s2 = op(*got_in[:5], initial_state=got_in[5], output_final_state=True)
+    assert o2.dtype == torch.float32 and s2.dtype == torch.float32
+    assert rel_err(o2, o1) < 1e-5 and rel_err(s2, s1) < 1e-5
+    do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    ((o1 * do).sum() + (s1 * ds).sum()).backward()
+    ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
+    floor = dg_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta h0".split(), 1e-5, {"g": floor})
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
+def test_triton_chunk_sizes(chunk_size, device, poison_empty):
+    """Every chunk size, several chunks and a ragged tail; no initial or final state (the other
+    branches of the state kernels)."""
+    from ops.gated_delta.chunk import chunk_gated_delta
+
+    inputs = [x.float().to(device) for x in make_inputs(1, 100, 1, 8, 12, "realistic", "mid")[:5]]
+    ref_in = [x.double().requires_grad_() for x in inputs]
+    got_in = [x.clone().requires_grad_() for x in inputs]
+    o1, _ = gated_delta_recurrent(*ref_in)
+    o2, s2 = chunk_gated_delta(*got_in, 8 ** -0.5, None, False, chunk_size)
+    assert s2 is None and rel_err(o2, o1) < 1e-5
+    do = torch.randn_like(o1)
+    (o1 * do).sum().backward()
+    (o2 * do.float()).sum().backward()
+    floor = dg_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta".split(), 1e-5, {"g": floor})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("shape", [(8, 2048, 8, 128, 128), (16, 2048, 16, 64, 64), (2, 1000, 3, 60, 100)],
+                         ids=["wide", "mve", "odd"])
+def test_triton_backend_bf16_full_shapes(backend, shape):
+    """bf16 q, k, v, fp32 g, beta and states, fp32 accumulation: within 5e-3 of the fp32 naive
+    oracle on the same (bf16-rounded) inputs, output, final state and every gradient."""
+    from ops import get_op
+
+    torch.manual_seed(0)
+    B, T, H, K, V = shape
+    q = torch.randn(B, T, H, K, device="cuda")
+    k = F.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1)
+    v = torch.randn(B, T, H, V, device="cuda")
+    # the model's gate: g = −exp(A_log) · softplus(x W_a + dt_bias), A = exp(A_log) ∈ [1, 16]
+    g = -(torch.rand(H, device="cuda") * 15 + 1) * F.softplus(torch.randn(B, T, H, device="cuda") - 3)
+    beta = torch.randn(B, T, H, device="cuda").sigmoid()
+    h0 = torch.randn(B, H, K, V, device="cuda")
+    got_in = [x.to(torch.bfloat16).requires_grad_() for x in (q, k, v)] + \
+        [x.clone().requires_grad_() for x in (g, beta, h0)]
+    ref_in = [x.detach().float().requires_grad_() for x in got_in]      # the same (bf16-rounded) inputs
+    o1, s1 = gated_delta(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
+    o2, s2 = get_op("gated_delta", backend)(*got_in[:5], initial_state=got_in[5], output_final_state=True)
+    assert o2.dtype == torch.bfloat16 and rel_err(o2, o1) < 5e-3 and rel_err(s2, s1) < 5e-3
+    do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    ((o1 * do).sum() + (s1 * ds).sum()).backward()
+    ((o2 * do.to(torch.bfloat16)).sum() + (s2 * ds).sum()).backward()
+    for name, x, y in zip("q k v g beta h0".split(), got_in, ref_in):
+        assert rel_err(x.grad, y.grad) < 5e-3, name

@@ -1,0 +1,246 @@
+"""The UT transform / WY representation of the gated delta rule's per-chunk Householder products,
+forward and backward.
+
+Within one chunk (b = chunk-local cumsum of the scalar log-decay g, γ = exp(b), β the write
+strengths), with L strictly lower triangular,
+    L_ij = β_i exp(b_i − b_j) (k_i · k_j)   for j < i,      Tm = (I + L)⁻¹
+    w = Tm diag(β) (γ ⊙ k)   [C, K],        u = Tm diag(β) v   [C, V]
+Backward, given dw and du (du = dv_new; dw = −dv_new h_nᵀ is formed here from the states):
+    dTm = dw (diag(β) γ⊙k)ᵀ + du (diag(β) v)ᵀ,   dL = −Tmᵀ dTm Tmᵀ  (used on the strictly lower part)
+    dv  = β ⊙ Tmᵀ du
+    dk  = β γ ⊙ Tmᵀ dw + (M + Mᵀ) k,           M_ij = dL_ij β_i exp(b_i − b_j)   (j < i)
+    dβ  = γ k·(Tmᵀ dw) + v·(Tmᵀ du) + Σ_j dL_ij exp(b_i − b_j) (k_i·k_j)
+    db_i = β_i γ_i k_i·(Tmᵀ dw)_i + Σ_j Q_ij − Σ_j Q_ji,   Q = dL ⊙ L
+Every exponent is b_i − b_j with i ≥ j, or b itself (chunk-local, ≤ 0): nothing overflows.
+
+Tm is solved in fp32 by block forward substitution: 16-row blocks, each block row I is
+Tm_I = (I + L_II)⁻¹ (E_I − L_I,: Tm) with the rows of blocks < I already in Tm, the 16 × 16 solve
+done row by row. Block rows are cut out and put back with exact 0/1 selection GEMMs ("ieee"), so
+Tm never leaves registers. The backward never feeds tl.trans of a dot accumulator into tl.dot
+(miscompiled on Hopper, ../shared/GPU.md): transposed operands are loaded transposed from
+memory, and Mᵀ is re-read by a second kernel.
+Tm is stored as [B, T, H, C] fp32: row t holds its chunk's row of Tm (like A in chunk_intra.py).
+The launchers (here and in delta_h.py) default to num_warps = 8: at 4, ptxas spills the [C, C] fp32
+tiles (sm90, C = 64), and fla's Hopper miscompile was a 4-warp, 64-row backward kernel.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.common.chunk_intra import _load_rows, _load_rows_t
+from ops.common.tiles import dot_precision, tile
+
+
+@triton.jit
+def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    o_r = tl.arange(0, BC)
+    b_T = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_i in range(BT // BC):
+        o_i = i_i * BC + o_r                                            # chunk-local rows of block I
+        t_i = i_t * BT + o_i
+        m_i = t_i < T
+        b_L = tl.zeros([BC, BT], dtype=tl.float32)                      # block row I of L
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_ki = _load_rows(k, i_b, i_h, t_i, m_i, o_k, m_k, T, H, K)
+            b_L += tl.dot(b_ki, _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K), input_precision=PREC)
+        b_bi = tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0)
+        b_betai = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+        strict = (o_i[:, None] > o_c[None, :]) & m_i[:, None] & m_t[None, :]
+        decay = tl.exp(tl.where(strict, b_bi[:, None] - b_b[None, :], float("-inf")))
+        b_L = b_L * b_betai[:, None] * decay
+        sel = tl.where(o_c[:, None] == o_i[None, :], 1.0, 0.0)           # [BT, BC]: picks block I
+        b_X = tl.where(o_i[:, None] == o_c[None, :], 1.0, 0.0) - tl.dot(b_L, b_T, input_precision="ieee")
+        b_Lii = tl.dot(b_L, sel, input_precision="ieee")                # [BC, BC]
+        for r in range(1, BC):                                          # rows < r are final
+            l_r = tl.sum(tl.where(o_r[:, None] == r, b_Lii, 0.0), 0)
+            b_X = tl.where(o_r[:, None] == r, b_X - tl.sum(l_r[:, None] * b_X, 0)[None, :], b_X)
+        b_T += tl.dot(sel, b_X, input_precision="ieee")
+    tl.store(Ai + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_T, mask=m_t[:, None])
+    b_s = b_beta * tl.exp(b_b)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32) * b_s[:, None]
+        b_w = tl.dot(b_T, b_k, input_precision=PREC)
+        tl.store(w + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty),
+                 mask=m_t[:, None] & m_k[None, :])
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32) * b_beta[:, None]
+        b_u = tl.dot(b_T, b_v, input_precision=PREC)
+        tl.store(u + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_u.to(u.dtype.element_ty),
+                 mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  PREC: tl.constexpr):
+    """Everything but the (M + Mᵀ) k part of dk, which needs M transposed (wy_bwd_dk_kernel)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_s = b_beta * tl.exp(b_b)                                           # β γ
+    p_A = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
+    b_Tt = tl.load(Ai + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    p_h = h + ((i_b * NT + i_t) * H + i_h) * K * V
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)                     # dw = −dv_new h_nᵀ
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            b_dvn = _load_rows(dv_new, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+            b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_k[None, :], other=0.0)
+            b_dw -= tl.dot(b_dvn, b_ht.to(tl.float32), input_precision=PREC)
+        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_kt = _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_dT += tl.dot(b_dw, b_kt * b_s[None, :], input_precision=PREC)
+        b_dkb = tl.dot(b_Tt, b_dw, input_precision=PREC)               # Tmᵀ dw
+        tl.store(dk_wy + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_dkb * b_s[:, None],
+                 mask=m_t[:, None] & m_k[None, :])
+        b_kdkb = tl.sum(b_k * b_dkb, 1)
+        b_dbeta += tl.exp(b_b) * b_kdkb
+        b_db += b_s * b_kdkb
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        b_du = _load_rows(dv_new, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_vt = _load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
+        b_dT += tl.dot(b_du, b_vt * b_beta[None, :], input_precision=PREC)
+        b_dvb = tl.dot(b_Tt, b_du, input_precision=PREC)               # Tmᵀ du
+        tl.store(dv + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
+                 (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
+        b_dbeta += tl.sum(b_v * b_dvb, 1)
+    strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None] & m_t[None, :]
+    b_E = tl.exp(tl.where(strict, b_b[:, None] - b_b[None, :], float("-inf")))
+    b_dLE = -tl.dot(tl.dot(b_Tt, b_dT, input_precision=PREC), b_Tt, input_precision=PREC) * b_E
+    b_KK = tl.zeros([BT, BT], dtype=tl.float32)                         # k kᵀ, after dTm is dead (registers)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_KK += tl.dot(b_k, _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32), input_precision=PREC)
+    b_P = b_dLE * b_KK                                                   # dL ⊙ L / β_i
+    b_dbeta += tl.sum(b_P, 1)
+    b_Q = b_P * b_beta[:, None]
+    b_db += tl.sum(b_Q, 1) - tl.sum(b_Q, 0)
+    tl.store(M + p_A, b_dLE * b_beta[:, None], mask=m_t[:, None])
+    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta, mask=m_t)
+    tl.store(db + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
+
+
+@triton.jit
+def wy_bwd_dk_kernel(k, M, dk_wy, dk_in, dk, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, PREC: tl.constexpr):
+    """dk = dk_in + β γ ⊙ Tmᵀ dw + (M + Mᵀ) k, with Mᵀ read transposed from memory."""
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, BT)
+    o_t = i_t * BT + o_c
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    b_M = tl.load(M + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_M += tl.load(M + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
+    b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_dk = tl.dot(b_M, b_k, input_precision=PREC)
+    b_dk += _load_rows(dk_wy, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+    b_dk += _load_rows(dk_in, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    tl.store(dk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_dk.to(dk.dtype.element_ty),
+             mask=m_t[:, None] & m_k[None, :])
+
+
+def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, chunk_size: int,
+           num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, 1] fp32 chunk-local cumsum; beta: [B, T, H].
+    Returns Tm [B, T, H, C] fp32, w [B, T, H, K] (k's dtype), u [B, T, H, V] (v's dtype)."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    Ai = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=k.device)
+    w, u = torch.empty_like(k), torch.empty_like(v)
+    grid = (triton.cdiv(T, chunk_size), B * H)
+    wy_fwd_kernel[grid](k, v, b, beta, Ai, w, u, T, H, K, V, chunk_size, min(16, chunk_size), tile(K), tile(V),
+                        dot_precision(k), num_warps=num_warps)
+    return Ai, w, u
+
+
+def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, Ai: torch.Tensor,
+           h: torch.Tensor, dv_new: torch.Tensor, dk_in: torch.Tensor, chunk_size: int, num_warps: int = 8):
+    """Ai: Tm from wy_fwd; h: [B, NT, H, K, V] the state entering each chunk; dv_new: [B, T, H, V] fp32
+    (= du; dw = −dv_new h_nᵀ); dk_in: [B, T, H, K], the rest of dk. Returns dk (k's dtype, dk_in
+    included), dv (v's dtype), dβ [B, T, H] fp32 and the WY part of db [B, T, H] fp32."""
+    B, T, H, K = k.shape
+    V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    BK, BV = tile(K), tile(V)
+    prec = dot_precision(k)
+    dk_wy = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
+    M = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=k.device)
+    dv, dk = torch.empty_like(v), torch.empty_like(k)
+    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
+    db = torch.empty_like(dbeta)
+    wy_bwd_kernel[(NT, B * H)](k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H, K, V,
+                               chunk_size, BK, BV, prec, num_warps=num_warps)
+    wy_bwd_dk_kernel[(triton.cdiv(K, BK), NT, B * H)](k, M, dk_wy, dk_in, dk, T, H, K, chunk_size, BK, prec,
+                                                      num_warps=num_warps)
+    return dk, dv, dbeta, db
+
+
+def _heads(x: torch.Tensor, C: int) -> torch.Tensor:
+    """[B, T, H, D] → [B, NT, H, C, D] fp64, zero-padded."""
+    B, T, H, D = x.shape
+    x = torch.nn.functional.pad(x.double(), (0, 0, 0, 0, 0, -T % C))
+    return x.view(B, -1, C, H, D).transpose(2, 3)
+
+
+def _unheads(x: torch.Tensor, T: int) -> torch.Tensor:
+    """[B, NT, H, C, D] → [B, T, H, D]."""
+    B, NT, H, C, D = x.shape
+    return x.transpose(2, 3).reshape(B, NT * C, H, D)[:, :T]
+
+
+def wy_fwd_ref(k, v, b, beta, chunk_size: int):
+    """Tm, w, u as wy_fwd, in fp64 PyTorch (differentiable: wy_bwd_ref takes its gradients)."""
+    T, C = k.shape[1], chunk_size
+    kc, vc, bc, betac = _heads(k, C), _heads(v, C), _heads(b, C)[..., 0], _heads(beta[..., None], C)[..., 0]
+    valid = (torch.arange(kc.shape[1] * C, device=k.device) < T).view(-1, 1, C)      # [NT, 1, C]
+    strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1) & valid[..., None] & valid[..., None, :]
+    decay = (bc[..., :, None] - bc[..., None, :]).masked_fill(~strict, float("-inf")).exp()   # [B, NT, H, C, C]
+    L = betac[..., None] * (kc @ kc.transpose(-1, -2)) * decay
+    eye = torch.eye(C, dtype=L.dtype, device=k.device)
+    Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    w = Tm @ (betac[..., None] * bc.exp()[..., None] * kc)
+    u = Tm @ (betac[..., None] * vc)
+    return _unheads(Tm, T), _unheads(w, T), _unheads(u, T)
+
+
+def wy_bwd_ref(k, v, b, beta, h, dv_new, chunk_size: int):
+    """dk (WY part only), dv, dβ, db of wy_fwd_ref's (w, u) for du = dv_new, dw = −dv_new h_nᵀ."""
+    T, C = k.shape[1], chunk_size
+    dw = _unheads(-_heads(dv_new, C) @ h.double().transpose(-1, -2), T)          # [B, T, H, K]
+    xs = [x.detach().double().requires_grad_() for x in (k, v, b, beta)]
+    _, w, u = wy_fwd_ref(*xs, C)
+    dk, dv, db, dbeta = torch.autograd.grad((w, u), xs, (dw, dv_new.double()))
+    return dk, dv, dbeta, db[..., 0]

@@ -1,0 +1,75 @@
+"""Gated delta rule on the `chunk` backend: the WY / UT chunkwise form (ops/gated_delta/naive.py
+derives it) as separate Triton stages, forward and a hand-written backward.
+
+Forward, per chunk (b = chunk-local cumsum of g, held in fp32):
+    Tm, w, u   = WY transform of the chunk (ops/common/wy.py)
+    h, v_new   = sequential state recurrence, v_new = u − w h_n (ops/common/delta_h.py)
+    o          = scale (q ⊙ exp(b)) h_n + A v_new, A the causal decayed scores: GLA's output stage
+                 with a scalar decay and v := v_new (ops/common/chunk_intra.py, chunk_o.py)
+Backward, in reverse: the output stage's dA and intra dq, dk; the reverse recurrence for dh and
+dv_new (which also carries the −wᵀ dv_new term of v_new = u − w h_n); GLA's dq, dk, db with
+v := v_new; the WY backward (du = dv_new, dw = −dv_new h_nᵀ) into dk, dv, dβ, db; finally
+dg = reverse chunk cumsum of db. Saved for backward: Tm, w, h, v_new and A (no recomputation).
+"""
+from __future__ import annotations
+
+import torch
+
+from ops.common.chunk import CHUNK_SIZES
+from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
+from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o
+from ops.common.cumsum import chunk_cumsum
+from ops.common.delta_h import delta_h_bwd, delta_h_fwd
+from ops.common.wy import wy_bwd, wy_fwd
+
+
+class ChunkGatedDelta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
+        q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+        h0 = initial_state.contiguous() if initial_state is not None else None
+        b = chunk_cumsum(g.unsqueeze(-1), chunk_size)                             # [B, T, H, 1] fp32
+        Ai, w, u = wy_fwd(k, v, b, beta, chunk_size)
+        h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size)
+        A = chunk_intra_fwd(q, k, b, scale, chunk_size)
+        o = chunk_fwd_o(q, v_new, b, h, A, scale, chunk_size)
+        ctx.save_for_backward(q, k, v, b, beta, Ai, w, h, v_new, A)
+        ctx.scale, ctx.chunk_size, ctx.has_h0 = scale, chunk_size, h0 is not None
+        ctx.g_dtype, ctx.beta_dtype = g.dtype, beta.dtype
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, b, beta, Ai, w, h, v_new, A = ctx.saved_tensors
+        C, scale = ctx.chunk_size, ctx.scale
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        dA = chunk_bwd_dA(do, v_new, C)
+        dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
+        dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, A, do, dht, ctx.has_h0, scale, C)
+        dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, h, dh, do, dq_intra, dk_intra, scale, C)
+        dk, dv, dbeta, db_wy = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C)
+        dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
+        return dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(ctx.beta_dtype), None, dh0, None, None
+
+
+def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                      scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
+                      chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gated_delta with an explicit scale and chunk size (16, 32, 64 or 128)."""
+    if chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+
+
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                scale: float | None = None, initial_state: torch.Tensor | None = None,
+                output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shapes as ops.gated_delta.naive.gated_delta: q, k [B, T, H, K] (k L2-normalised); v [B, T, H, V];
+    g (log-decay ≤ 0), beta [B, T, H]; states [B, H, K, V] fp32. Returns o in v's dtype and the
+    final state if asked."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return chunk_gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state)

@@ -1,0 +1,22 @@
+"""Gated delta rule on flash-linear-attention's `chunk_gated_delta_rule` (the speed peer); needs the
+fla package and a GPU. fla takes the same argument order and layouts (g, beta [B, T, H])."""
+from __future__ import annotations
+
+import torch
+
+from ops import require_fla
+
+
+def check_available() -> None:
+    require_fla("gated_delta")
+
+
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                scale: float | None = None, initial_state: torch.Tensor | None = None,
+                output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shapes as ops.gated_delta.naive.gated_delta: [B, T, H, K|V] activations, g and beta [B, T, H],
+    [B, H, K, V] fp32 states."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                  output_final_state=output_final_state)
