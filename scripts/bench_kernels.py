@@ -83,6 +83,30 @@ def _ssd_bytes(d, bwd=False):   # bf16 x, B, C, y; fp32 dt
     return 2 * fwd if bwd else fwd
 
 
+def _gdn_make(d, device):
+    B, T, H, K, V = d["B"], d["T"], d["H"], d["K"], d["V"]
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, T, H, K, device=device, generator=g).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, device=device, generator=g), dim=-1).bfloat16()
+    v = torch.randn(B, T, H, V, device=device, generator=g).bfloat16()
+    # the model's gate −exp(A_log) · softplus(x W_a + dt_bias) with A = exp(A_log) ∈ [1, 16]; β = sigmoid
+    A = torch.rand(H, device=device, generator=g) * 15 + 1
+    gate = -A * torch.nn.functional.softplus(torch.randn(B, T, H, device=device, generator=g) - 3)
+    beta = torch.randn(B, T, H, device=device, generator=g).sigmoid()
+    args = [t.requires_grad_() for t in (q, k, v, gate, beta)]
+    return args, args
+
+
+def _gdn_flops(d):  # per head and token: k kᵀ, w, scores (C·K each); u, A v_new (C·V each); w h, kᵀ v_new, q h
+    return 2.0 * d["B"] * d["H"] * d["T"] * (3 * 64 * d["K"] + 2 * 64 * d["V"] + 3 * d["K"] * d["V"])
+
+
+def _gdn_bytes(d, bwd=False):   # bf16 q, k, v, o (+ do, dq, dk, dv); fp32 g, beta (+ dg, dbeta)
+    n = d["B"] * d["T"] * d["H"]
+    fwd = n * (2 * (2 * d["K"] + 2 * d["V"]) + 8)
+    return 2 * fwd if bwd else fwd
+
+
 def gla_case(name, **d):
     return Case("gla", name, d, _gla_make, _gla_flops, _gla_bytes, lambda d: _gla_bytes(d, True))
 
@@ -91,14 +115,20 @@ def ssd_case(name, **d):
     return Case("ssd", name, d, _ssd_make, _ssd_flops, _ssd_bytes, lambda d: _ssd_bytes(d, True))
 
 
+def gdn_case(name, **d):
+    return Case("gated_delta", name, d, _gdn_make, _gdn_flops, _gdn_bytes, lambda d: _gdn_bytes(d, True))
+
+
 CASES = [
     gla_case("mve", B=16, T=2048, H=12, K=64, V=64),
     gla_case("gla340m_layer", B=8, T=2048, H=4, K=256, V=512),
     gla_case("state_shape", B=16, T=2048, H=16, K=64, V=64),
-    gla_case("long", B=1, T=32768, H=4, K=128, V=128),
     ssd_case("mamba2", B=8, T=2048, H=24, P=64, G=1, N=128),
+    gdn_case("gdn_mve", B=16, T=2048, H=16, K=64, V=64),
+    gdn_case("gdn_wide", B=8, T=2048, H=8, K=128, V=128),
+    gla_case("long", B=1, T=32768, H=4, K=128, V=128),
 ]
-QUICK = {"gla": "mve", "ssd": "mamba2"}
+QUICK = {"gla": "mve", "ssd": "mamba2", "gated_delta": "gdn_mve"}
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -233,6 +263,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
              and (not args.shapes or c.name in args.shapes.split(","))
              and (not args.quick or QUICK.get(c.op) == c.name)]
     notes = [n for n in [enable_fla_backward_timing()] if n]
+    env = environment()
+    stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-kernels"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    command = ("python scripts/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     rows = []
     for case in cases:
         chosen = [b for b in list_backends(case.op) if b != "naive" and (not args.backends or b in args.backends.split(","))]
@@ -247,17 +281,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                      if r["status"] == "ok" else r.get("why", str(r.get("errs", "")))), flush=True)
         del ref
         torch.cuda.empty_cache()
-    env = environment()
-    stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-kernels"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/bench_kernels.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    md = to_markdown(rows, env, command.strip(), notes)
-    stem.with_suffix(".md").write_text(md)
+        write_results(rows, env, command, notes, stem)    # after every case: a cut-off run keeps what it measured
+    print(stem.with_suffix(".md").read_text())
+    return rows
+
+
+def write_results(rows: list[dict], env: dict, command: str, notes: list[str], stem: Path) -> None:
+    stem.with_suffix(".md").write_text(to_markdown(rows, env, command, notes))
     stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "notes": notes, "rows": rows},
                                                     indent=1, default=str))
     plot(rows, stem.with_suffix(".png"))
-    print(md)
-    return rows
 
 
 if __name__ == "__main__":
