@@ -1,0 +1,139 @@
+"""Training parity across backends: is it the same model?
+
+    python scripts/parity.py --config configs/gla_125m.yaml --backends naive,chunk,fla \
+        --steps 300 --eval-interval 50 [--data.source=local:DIR ... any train.py override]
+
+Each backend trains in its own process (`python train.py`) from the same initial weights (same seed)
+on the same data order for --steps steps, evaluating validation loss every --eval-interval steps,
+then scores the test split with eval/perplexity.py. The first backend listed is the reference.
+Reported per backend: the validation-loss difference to the reference at every evaluation, the
+mean train-loss difference over the last half of the run, the final test token/word perplexity, and
+pass/fail: |Δ val loss| ≤ --tolerance nats (default 0.01, DESIGN §5) at the last evaluation.
+Writes <out>/parity.{json,md,png} (curves overlaid, and Δ to the reference); exits 1 if any fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def read_metrics(run: Path) -> tuple[dict[int, float], dict[int, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return ({r["step"]: r["loss"] for r in rows if "loss" in r},
+            {r["step"]: r["val_loss"] for r in rows if "val_loss" in r})
+
+
+def compare(runs: dict[str, Path], tests: dict[str, dict], tolerance: float) -> dict:
+    """Per backend: Δ val loss at each evaluation and Δ train loss (last half) against the first run."""
+    names = list(runs)
+    metrics = {b: read_metrics(p) for b, p in runs.items()}
+    ref_train, ref_val = metrics[names[0]]
+    out = {}
+    for b in names:
+        train, val = metrics[b]
+        steps = sorted(set(val) & set(ref_val))
+        if not steps:
+            raise SystemExit(f"error: no common validation steps between {names[0]} and {b}")
+        d_val = {s: val[s] - ref_val[s] for s in steps}
+        late = [train[s] - ref_train[s] for s in sorted(set(train) & set(ref_train)) if s > max(train) / 2]
+        out[b] = {"val_loss": val, "train_loss": train, "delta_val": d_val,
+                  "final_delta_val": d_val[steps[-1]], "max_abs_delta_val": max(abs(v) for v in d_val.values()),
+                  "mean_delta_train_last_half": sum(late) / len(late) if late else float("nan"),
+                  "test": tests.get(b), "pass": abs(d_val[steps[-1]]) <= tolerance}
+    return out
+
+
+def to_markdown(result: dict, command: str, tolerance: float) -> str:
+    names = list(result["backends"])
+    ref = names[0]
+    lines = [f"# Parity: {result['config']}, {result['steps']} steps, reference `{ref}`", "",
+             f"Command: `{command}`  ", f"Device: {result['device']}; pass: |Δ val loss| ≤ {tolerance} nats at the "
+             "last evaluation.", "",
+             "| backend | final val loss | Δ val (last) | max \\|Δ val\\| | mean Δ train (last half) | test token ppl "
+             "| test word ppl | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for b, r in result["backends"].items():
+        last = max(r["val_loss"])
+        t = r["test"] or {}
+        word = f"{t['word_ppl']:.2f}" if t.get("word_ppl") else "—"
+        ppl = f"{t['token_ppl']:.2f}" if t else "—"
+        verdict = "reference" if b == ref else ("pass" if r["pass"] else "**FAIL**")
+        lines.append(f"| {b} | {r['val_loss'][last]:.4f} | {r['final_delta_val']:+.4f} | {r['max_abs_delta_val']:.4f} | "
+                     f"{r['mean_delta_train_last_half']:+.4f} | {ppl} | {word} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for b, r in result["backends"].items():
+        line, = ax.plot(list(r["train_loss"]), list(r["train_loss"].values()), lw=1, label=f"{b} train")
+        ax.plot(list(r["val_loss"]), list(r["val_loss"].values()), "o--", ms=4, color=line.get_color(), label=f"{b} val")
+        dx.plot(list(r["delta_val"]), list(r["delta_val"].values()), "o-", ms=4, color=line.get_color(), label=b)
+    tol = result["tolerance"]
+    dx.axhspan(-tol, tol, color="g", alpha=0.1, label=f"±{tol} nats")
+    ax.set(xlabel="step", ylabel="loss (nats/token)", title="training curves")
+    dx.set(xlabel="step", ylabel="val loss − reference", title=f"Δ to {next(iter(result['backends']))}")
+    for a in (ax, dx):
+        a.grid(alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--backends", default="naive,chunk", help="comma-separated; the first is the reference")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--eval-interval", type=int, default=50)
+    p.add_argument("--tolerance", type=float, default=0.01, help="|Δ val loss| in nats at the last evaluation")
+    p.add_argument("--out", type=Path, help="folder for the runs and parity.{json,md,png} (default runs/parity_<config>)")
+    args, overrides = p.parse_known_args(argv)
+    backends = args.backends.split(",")
+    if len(set(backends)) != len(backends) or len(backends) < 2:
+        raise SystemExit(f"error: --backends needs two or more distinct backends, got {args.backends!r}")
+    stem = Path(args.config).stem
+    out = args.out or REPO / "runs" / f"parity_{stem}"
+    runs = {b: out / f"{stem}_{b}" for b in backends}
+    taken = [str(r) for r in runs.values() if r.exists()]
+    if taken:
+        raise SystemExit(f"error: {', '.join(taken)} already exist; remove them or pass another --out")
+    data_overrides = [o for o in overrides if o.startswith("--data.")]
+    tests = {}
+    for b, run in runs.items():
+        print(f"== {b}: training {args.steps} steps", flush=True)
+        subprocess.run([sys.executable, str(REPO / "train.py"), "--config", args.config, "--backend", b,
+                        f"--train.name={run.name}", f"--train.out_dir={out}", f"--train.max_steps={args.steps}",
+                        f"--train.eval_interval={args.eval_interval}", "--train.ckpt_interval=0", *overrides],
+                       check=True, cwd=REPO)
+        subprocess.run([sys.executable, str(REPO / "eval" / "perplexity.py"), "--ckpt", str(run), "--split", "test",
+                        "--out", str(run / "eval_test.json"), *data_overrides], check=True, cwd=REPO,
+                       stdout=subprocess.DEVNULL)
+        tests[b] = json.loads((run / "eval_test.json").read_text())
+    import torch
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    result = {"config": args.config, "steps": args.steps, "tolerance": args.tolerance, "device": device,
+              "overrides": overrides, "backends": compare(runs, tests, args.tolerance)}
+    command = "python scripts/parity.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "parity.md").write_text(to_markdown(result, command, args.tolerance))
+    plot(result, out / "parity.png")
+    print((out / "parity.md").read_text())
+    failed = [b for b, r in result["backends"].items() if not r["pass"]]
+    print(f"wrote {out}/parity.{{json,md,png}}; " + (f"FAIL: {', '.join(failed)}" if failed else "all within tolerance"))
+    if failed and argv is None:
+        sys.exit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
