@@ -8,8 +8,7 @@ States are [K, V] per (batch, head), tiled BK × BV; decay broadcasts over V (an
 a scalar per head: SCALAR). The recurrence runs in fp32 registers; the per-chunk copies h_n and
 dh_{n+1} are stored in the inputs' dtype, as flash-linear-attention stores h: every consumer feeds
 them to a tensor-core dot in that dtype anyway, so bf16 storage loses nothing there and halves the
-traffic. (With fp32 copies, the bf16 dq/dk kernel was also miscompiled on the H100 for V ≥ 256:
-bench/results/2026-11-22-h100-chunk.md.) Initial and final states stay fp32.
+traffic. Initial and final states stay fp32.
 """
 from __future__ import annotations
 

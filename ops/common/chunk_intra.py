@@ -27,8 +27,8 @@ def _load_rows(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: t
 
 @triton.jit
 def _load_rows_t(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
-    """The tile x[rows, cols] transposed, [cols, rows], loaded as such. A dot with tl.trans of a loaded
-    bf16 tile inside a loop was miscompiled by Triton 3.6 on the H100 (chunk_o.py's dA kernel)."""
+    """The tile x[rows, cols] transposed, [cols, rows], loaded in that layout: a dot's right operand
+    without a tl.trans in between (fla's Hopper miscompiles involved tl.trans; ../shared/GPU.md)."""
     return tl.load(x + ((i_b * T + rows[None, :]) * H + i_h) * D + cols[:, None],
                    mask=m_rows[None, :] & m_cols[:, None], other=0.0)
 

@@ -174,10 +174,10 @@ def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
 def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
     B, T, H, V = v.shape
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
-    # num_stages=1: software-pipelining this loop (num_stages 2 or 3) made Triton 3.6 compute it wrongly
-    # on the H100 with bf16 operands and three or more V tiles (rel. error 0.9; fp32 and V ≤ 128 right;
-    # so did num_warps=8, tl.trans or a transposed load alike). Unpipelined or fully unrolled it is
-    # right at every V: bench/results/2026-11-22-h100-chunk.md.
+    # num_stages=1: software-pipelined (num_stages 2 or 3), this loop came out wrong from Triton 3.6 on
+    # the H100 with bf16 operands and three or more V tiles: rel. error 0.9 with v transposed by
+    # tl.trans or loaded transposed, at 4 or 8 warps alike (fp32, and V ≤ 128, were right). Unpipelined
+    # or fully unrolled it is right at every V: bench/results/2026-11-22-h100-chunk.md.
     chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v),
                                                              num_stages=1)
     return dA
