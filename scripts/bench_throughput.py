@@ -1,0 +1,211 @@
+"""End-to-end training throughput per model and backend: tokens/s, peak memory, time to first step.
+
+    python scripts/bench_throughput.py --configs gla_125m,gla_340m --backends naive,chunk,fla
+    python scripts/bench_throughput.py --configs gpt2_124m --backends naive --batch 8 --seq-len 2048
+
+Every row is whole training steps (forward, backward, fused AdamW) on the same random batch, bf16
+autocast on a GPU, measured in its own process so that every row starts alike: the time from launch
+to the first finished step (compilation and autotuning included), then --warmup steps, then --steps
+timed steps (CUDA events). The peer row of each config is the reference implementation at the same
+size: flash-linear-attention's own model class (GLA, Gated DeltaNet, Mamba-2) or transformers'
+GPT2LMHeadModel with SDPA. A row that cannot run (no fla, out of memory, time limit) says why.
+Writes bench/results/<date>-<device>-throughput.{md,json,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+T_LAUNCH = time.time()
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PEER = "peer"
+
+
+def peer_model(cfg) -> torch.nn.Module:
+    """The reference implementation of `cfg`'s family at the same size, as the peer row."""
+    if cfg.family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        c = GPT2Config(vocab_size=cfg.vocab_size, n_positions=cfg.max_seq_len, n_embd=cfg.d_model, n_layer=cfg.n_layers,
+                       n_head=cfg.n_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        c._attn_implementation = "sdpa"
+        return GPT2LMHeadModel(c)
+    import fla.models as fm
+
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+                  tie_word_embeddings=cfg.tie_embeddings)
+    if cfg.family == "gla":
+        c = fm.GLAConfig(num_heads=cfg.n_heads, expand_k=cfg.n_heads * cfg.head_k_dim / cfg.d_model,
+                         expand_v=cfg.n_heads * cfg.head_v_dim / cfg.d_model, intermediate_size=cfg.swiglu_hidden(),
+                         attn_mode="chunk", **common)
+        return fm.GLAForCausalLM(c)
+    if cfg.family == "gated_deltanet":
+        c = fm.GatedDeltaNetConfig(num_heads=cfg.n_heads, head_dim=cfg.head_k_dim, expand_v=cfg.head_v_dim / cfg.head_k_dim,
+                                   conv_size=cfg.conv_size, intermediate_size=cfg.swiglu_hidden(), **common)
+        return fm.GatedDeltaNetForCausalLM(c)
+    if cfg.family == "mamba2":
+        c = fm.Mamba2Config(head_dim=cfg.ssm_head_dim, state_size=cfg.ssm_state, expand=cfg.expand,
+                            n_groups=cfg.ssm_groups, conv_kernel=cfg.conv_size, **common)
+        return fm.Mamba2ForCausalLM(c)
+    raise ValueError(f"no peer model for family {cfg.family!r}")
+
+
+def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int) -> dict:
+    """One row, in this process: build, train warmup + steps steps, measure."""
+    from config import load_config
+    from model import build_model
+
+    cfg = load_config(config).model
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    if backend == PEER:
+        model = peer_model(cfg).to(device)
+        loss_of = lambda x: model(input_ids=x[:, :-1], labels=x[:, :-1]).loss  # noqa: E731  (HF shifts labels)
+    else:
+        cfg.backend = backend
+        model = build_model(cfg).to(device)
+        loss_of = lambda x: model(x[:, :-1], x[:, 1:])[1]  # noqa: E731
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
+    x = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
+
+    def step():
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss = loss_of(x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    first_step_s = time.time() - T_LAUNCH
+    for _ in range(warmup):
+        step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    note = None
+    if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
+        note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
+    return {"config": Path(config).stem, "backend": backend, "status": "ok", "loss": loss.item(), "note": note,
+            "params": sum(p.numel() for p in model.parameters()), "tokens_per_s": batch * seq_len * steps / elapsed,
+            "step_ms": 1e3 * elapsed / steps, "first_step_s": first_step_s,
+            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None}
+
+
+def run_row(config: str, backend: str, args) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
+           "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
+           "--steps", str(args.steps)]
+    row = {"config": Path(config).stem, "backend": backend}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "timeout", "why": f"no result within {args.row_timeout} s (--row-timeout)"}
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+        err = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {**row, "status": "OOM" if "OutOfMemory" in p.stderr else "error", "why": err[:300]}
+    return json.loads(lines[-1])
+
+
+def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
+    lines = [f"# Training throughput — {env['date']}, {env['device']}", "", f"Command: `{command}`  ",
+             f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}; B{args.batch} T{args.seq_len}, "
+             f"{'bf16 autocast, fused AdamW' if env['device'] != 'cpu' else 'fp32, AdamW (CPU)'}, {args.warmup} warm-up + "
+             f"{args.steps} timed steps, one process per row. `peer` is fla's model class (GLA, Gated DeltaNet, "
+             "Mamba-2) or transformers' GPT2LMHeadModel (SDPA) at the same size.", "",
+             "| config | backend | params | tokens/s | ÷ peer | step ms | peak GB | launch → first step s | status |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    peers = {r["config"]: r for r in rows if r["backend"] == PEER and r["status"] == "ok"}
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['config']} | {r['backend']} | | | | | | | {r['status']}: {r.get('why', '')} |")
+            continue
+        peer = peers.get(r["config"])
+        ratio = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}×" if peer else ""
+        mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "—"
+        lines.append(f"| {r['config']} | {r['backend']} | {r['params'] / 1e6:.1f}M | {r['tokens_per_s']:,.0f} | {ratio} | "
+                     f"{r['step_ms']:.1f} | {mem} | {r['first_step_s']:.1f} | ok{'; ' + r['note'] if r.get('note') else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(ok)), 4.5))
+    ax.bar([f"{r['config']}\n{r['backend']}" for r in ok], [r["tokens_per_s"] for r in ok])
+    ax.set(ylabel="tokens/s", title="training throughput")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="gla_125m", help="comma-separated presets (names under configs/ or paths)")
+    p.add_argument("--backends", default="naive,chunk", help=f"comma-separated; '{PEER}' is added per config")
+    p.add_argument("--no-peer", action="store_true", help="leave out the reference implementation's row")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--row-timeout", type=int, default=1200, help="seconds per row (fla autotunes for minutes)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    configs = [c if c.endswith(".yaml") else str(REPO / "configs" / f"{c}.yaml") for c in args.configs.split(",")]
+    if args.worker:
+        print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps)))
+        return []
+    backends = args.backends.split(",") + ([] if args.no_peer else [PEER])
+    rows = []
+    for config in configs:
+        for b in backends:
+            rows.append(run_row(config, b, args))
+            r = rows[-1]
+            print(f"{r['config']:<16} {b:<6} " + (f"{r['tokens_per_s']:>10,.0f} tokens/s  first step {r['first_step_s']:.1f} s"
+                                                   if r["status"] == "ok" else f"{r['status']}: {r.get('why', '')}"),
+                  flush=True)
+    import triton
+
+    try:
+        import fla
+        fla_version = fla.__version__
+    except ImportError:
+        fla_version = None
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    env = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version,
+           "date": datetime.date.today().isoformat()}
+    command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    stem = args.out / f"{env['date']}-{device.replace(' ', '_')}-throughput"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip(), args))
+    stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
+    plot(rows, stem.with_suffix(".png"))
+    print(stem.with_suffix(".md").read_text())
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""scripts/bench_throughput.py: a row per (config, backend) measured in its own process, the report, and
+peer models of the same size as ours."""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from config import load_config
+from model import build_model
+from scripts.bench_throughput import main, peer_model
+
+
+def test_row_and_report(tmp_path):
+    rows = main(["--configs", "configs/smoke.yaml", "--backends", "naive", "--no-peer", "--batch", "2",
+                 "--seq-len", "32", "--warmup", "0", "--steps", "1", "--out", str(tmp_path)])
+    assert [r["status"] for r in rows] == ["ok"] and rows[0]["tokens_per_s"] > 0 and rows[0]["first_step_s"] > 0
+    assert "| smoke | naive | 0.4M |" in next(tmp_path.glob("*-throughput.md")).read_text()
+    assert next(tmp_path.glob("*-throughput.png")).stat().st_size > 0
+
+
+def test_unknown_backend_is_a_row_with_the_reason(tmp_path):
+    rows = main(["--configs", "configs/smoke.yaml", "--backends", "fused", "--no-peer", "--batch", "1",
+                 "--seq-len", "16", "--steps", "1", "--out", str(tmp_path)])
+    assert rows[0]["status"] == "error" and "fused" in rows[0]["why"]
+
+
+@pytest.mark.parametrize("name", ["gpt2_124m", "gla_340m", "gdn_340m", "mamba2_370m"])
+def test_peer_has_our_parameter_count(name):
+    cfg = load_config(f"configs/{name}.yaml").model
+    if cfg.family != "gpt2" and importlib.util.find_spec("fla") is None:
+        pytest.skip("the peer is flash-linear-attention's model class; fla is not installed")
+    with torch.device("meta"):
+        ours, peer = build_model(cfg), peer_model(cfg)
+    assert sum(p.numel() for p in peer.parameters()) == sum(p.numel() for p in ours.parameters())
