@@ -28,37 +28,38 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def inputs(B, T, H, K, V, dtype=torch.bfloat16):
+def run_stages(B, T, H, K, V, scalar=False, decay="model") -> dict:
+    """bf16 inputs and every stage's output, once. decay "model": GLA's logsigmoid(·)/16 per key dim;
+    "strong": uniform in [−3, 0) per step (scalar) or [−3/8, 0) per key dim."""
     torch.manual_seed(0)
-    q, k = (torch.randn(B, T, H, K, device="cuda").to(dtype) for _ in range(2))
-    v = torch.randn(B, T, H, V, device="cuda").to(dtype)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16
-    do = torch.randn(B, T, H, V, device="cuda").to(dtype)
-    return q, k, v, g, do
+    q, k = (torch.randn(B, T, H, K, device="cuda").bfloat16() for _ in range(2))
+    v, do = (torch.randn(B, T, H, V, device="cuda").bfloat16() for _ in range(2))
+    S = 1 if scalar else K
+    g = (torch.nn.functional.logsigmoid(torch.randn(B, T, H, S, device="cuda")) / 16 if decay == "model"
+         else -torch.rand(B, T, H, S, device="cuda") * 3 / (1 if scalar else 8))
+    x = dict(q=q, k=k, v=v, g=g, do=do, scale=K ** -0.5)
+    x["b"] = chunk_cumsum(g, C)
+    x["h"] = chunk_fwd_h(k, v, x["b"], None, False, C)[0]
+    x["A"] = chunk_intra_fwd(q, k, x["b"], x["scale"], C)
+    x["dh"] = chunk_bwd_dh(q, do, x["b"], None, False, x["scale"], C)[0]
+    x["dA"] = chunk_bwd_dA(do, v, C)
+    x["dqi"], x["dki"] = chunk_intra_bwd(q, k, x["b"], x["dA"], x["scale"], C)
+    x["dq"], x["dk"], x["db"] = chunk_bwd_dqkb(q, k, v, x["b"], x["h"], x["dh"], do, x["dqi"], x["dki"], x["scale"], C)
+    return x
 
 
 def check(B, T, H, K, V, scalar=False):
     """Every stage against its `_ref` on the same inputs (not stopping at the first failure)."""
-    torch.manual_seed(0)
-    q, k = (torch.randn(B, T, H, K, device="cuda").bfloat16() for _ in range(2))
-    v, do = (torch.randn(B, T, H, V, device="cuda").bfloat16() for _ in range(2))
-    g = -torch.rand(B, T, H, 1 if scalar else K, device="cuda") * 3 / (1 if scalar else 8)
-    scale = K ** -0.5
-    b = chunk_cumsum(g, C)
-    h, _ = chunk_fwd_h(k, v, b, None, False, C)
-    A = chunk_intra_fwd(q, k, b, scale, C)
-    dh, _ = chunk_bwd_dh(q, do, b, None, False, scale, C)
-    dA = chunk_bwd_dA(do, v, C)
-    dqi, dki = chunk_intra_bwd(q, k, b, dA, scale, C)
-    errs = {"h": rel(h, chunk_fwd_h_ref(k, v, b, None, C)[0]), "A": rel(A, chunk_intra_fwd_ref(q, k, b, scale, C)),
-            "o": rel(chunk_fwd_o(q, v, b, h, A, scale, C), chunk_fwd_o_ref(q, v, b, h, A, scale, C)),
-            "dh": rel(dh, chunk_bwd_dh_ref(q, do, b, None, scale, C)[0]), "dA": rel(dA, chunk_bwd_dA_ref(do, v, C)),
+    x = run_stages(B, T, H, K, V, scalar, decay="strong")
+    q, k, v, b, do, h, A, dh, dA, s = (x[n] for n in ("q", "k", "v", "b", "do", "h", "A", "dh", "dA", "scale"))
+    errs = {"h": rel(h, chunk_fwd_h_ref(k, v, b, None, C)[0]), "A": rel(A, chunk_intra_fwd_ref(q, k, b, s, C)),
+            "o": rel(chunk_fwd_o(q, v, b, h, A, s, C), chunk_fwd_o_ref(q, v, b, h, A, s, C)),
+            "dh": rel(dh, chunk_bwd_dh_ref(q, do, b, None, s, C)[0]), "dA": rel(dA, chunk_bwd_dA_ref(do, v, C)),
             "dv": rel(chunk_bwd_dv(k, b, A, do, dh, C), chunk_bwd_dv_ref(k, b, A, do, dh, C))}
-    ref = chunk_intra_bwd_ref(q, k, b, dA, scale, C)
-    errs["intra dq"], errs["intra dk"] = rel(dqi, ref[0]), rel(dki, ref[1])
-    got = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dqi, dki, scale, C)
-    for name, x, y in zip(("dq", "dk", "db"), got, chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dqi, dki, scale, C)):
-        errs[name] = rel(x, y)
+    ref = chunk_intra_bwd_ref(q, k, b, dA, s, C)
+    errs["intra dq"], errs["intra dk"] = rel(x["dqi"], ref[0]), rel(x["dki"], ref[1])
+    for name, y in zip(("dq", "dk", "db"), chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, x["dqi"], x["dki"], s, C)):
+        errs[name] = rel(x[name], y)
     print(f"B{B} T{T} H{H} K{K} V{V} {'scalar' if scalar else 'gk'} bf16: "
           + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
 
@@ -66,26 +67,19 @@ def check(B, T, H, K, V, scalar=False):
 def timings(B, T, H, K, V):
     from triton.testing import do_bench
 
-    q, k, v, g, do = inputs(B, T, H, K, V)
-    scale = K ** -0.5
-    b = chunk_cumsum(g, C)
-    h, _ = chunk_fwd_h(k, v, b, None, False, C)
-    A = chunk_intra_fwd(q, k, b, scale, C)
-    dh, _ = chunk_bwd_dh(q, do, b, None, False, scale, C)
-    dA = chunk_bwd_dA(do, v, C)
-    dqi, dki = chunk_intra_bwd(q, k, b, dA, scale, C)
-    _, _, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dqi, dki, scale, C)
+    x = run_stages(B, T, H, K, V)
+    q, k, v, g, b, do, h, A, dh, dA, s = (x[n] for n in ("q", "k", "v", "g", "b", "do", "h", "A", "dh", "dA", "scale"))
     stages = {
         "fwd cumsum": lambda: chunk_cumsum(g, C),
         "fwd h": lambda: chunk_fwd_h(k, v, b, None, False, C),
-        "fwd intra A": lambda: chunk_intra_fwd(q, k, b, scale, C),
-        "fwd o": lambda: chunk_fwd_o(q, v, b, h, A, scale, C),
-        "bwd dh": lambda: chunk_bwd_dh(q, do, b, None, False, scale, C),
+        "fwd intra A": lambda: chunk_intra_fwd(q, k, b, s, C),
+        "fwd o": lambda: chunk_fwd_o(q, v, b, h, A, s, C),
+        "bwd dh": lambda: chunk_bwd_dh(q, do, b, None, False, s, C),
         "bwd dA": lambda: chunk_bwd_dA(do, v, C),
         "bwd dv": lambda: chunk_bwd_dv(k, b, A, do, dh, C),
-        "bwd intra dq dk": lambda: chunk_intra_bwd(q, k, b, dA, scale, C),
-        "bwd dq dk db": lambda: chunk_bwd_dqkb(q, k, v, b, h, dh, do, dqi, dki, scale, C),
-        "bwd dg cumsum": lambda: chunk_cumsum(db, C, reverse=True),
+        "bwd intra dq dk": lambda: chunk_intra_bwd(q, k, b, dA, s, C),
+        "bwd dq dk db": lambda: chunk_bwd_dqkb(q, k, v, b, h, dh, do, x["dqi"], x["dki"], s, C),
+        "bwd dg cumsum": lambda: chunk_cumsum(x["db"], C, reverse=True),
     }
     print(f"B{B} T{T} H{H} K{K} V{V} (bf16), do_bench median ms:")
     total = {"fwd": 0.0, "bwd": 0.0}
