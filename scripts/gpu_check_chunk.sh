@@ -14,7 +14,7 @@ mkdir -p "$TRITON_CACHE_DIR"
 nvidia-smi --query-gpu=name --format=csv,noheader
 [ -n "${DEBUG_STAGES:-}" ] && timeout 240 python3 scripts/debug_chunk_stages.py 2>&1 | tee "$OUT/debug.log" | grep -v Warn
 if [ -z "${SKIP_TESTS:-}" ]; then
-  timeout 300 python3 -m pytest -q -ra ${TEST_PATHS:-tests/ops} ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/pytest_ops.log" | tail -12
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -ra ${TEST_PATHS:-tests/ops} ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/pytest_ops.log" | tail -12
 fi
 if [ -n "${EQUIV:-}" ]; then    # model-level loss/logits/gradients of chunk and fla vs the fp32 naive model
   for cfg in $EQUIV; do
