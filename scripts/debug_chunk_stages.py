@@ -3,6 +3,7 @@ stage's time, to localise a GPU-only error or find where the time goes.
 
     python scripts/debug_chunk_stages.py                  # check, then time at the kernel benchmark's GLA shapes
     python scripts/debug_chunk_stages.py --check-only
+    python scripts/debug_chunk_stages.py --sweep          # forward stages over num_warps x num_stages
 """
 from __future__ import annotations
 
@@ -91,10 +92,36 @@ def timings(B, T, H, K, V):
           flush=True)
 
 
+def sweep(B, T, H, K, V):
+    """Each forward stage over num_warps x num_stages, checked against its default launch."""
+    from triton.testing import do_bench
+
+    x = run_stages(B, T, H, K, V)
+    q, k, v, b, h, A, s = (x[n] for n in ("q", "k", "v", "b", "h", "A", "scale"))
+    stages = {"h": lambda **kw: chunk_fwd_h(k, v, b, None, False, C, **kw)[0],
+              "intra A": lambda **kw: chunk_intra_fwd(q, k, b, s, C, **kw),
+              "o": lambda **kw: chunk_fwd_o(q, v, b, h, A, s, C, **kw)}
+    print(f"B{B} T{T} H{H} K{K} V{V} (bf16) forward stages, median ms by num_warps x num_stages:")
+    for name, fn in stages.items():
+        ref, row = fn(), []
+        for nw in (2, 4, 8):
+            for ns in (1, 2, 3):
+                err = rel(fn(num_warps=nw, num_stages=ns), ref)
+                ms = do_bench(lambda: fn(num_warps=nw, num_stages=ns), warmup=25, rep=100, return_mode="median")
+                row.append(f"w{nw}s{ns} {ms:.3f}" + ("" if err < 1e-2 else f" (WRONG {err:.1e})"))
+        print(f"  {name:<8} default {do_bench(fn, warmup=25, rep=100, return_mode='median'):.3f} | " + ", ".join(row),
+              flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check-only", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="only the forward launch-config sweep")
     args = p.parse_args()
+    if args.sweep:
+        for shape in [(8, 2048, 4, 256, 512), (16, 2048, 12, 64, 64)]:
+            sweep(*shape)
+        return
     for shape in [(2, 256, 2, 64, 128), (1, 70, 1, 20, 140), (2, 256, 2, 64, 256), (2, 256, 2, 256, 512)]:
         for scalar in (False, True):
             check(*shape, scalar=scalar)

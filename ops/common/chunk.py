@@ -1,6 +1,6 @@
 """The chunkwise decayed linear attention (GLA with per-key-dim decay, SSD with a scalar decay)
-as separate Triton stages, fla-style: cumsum → states → intra-chunk A (to HBM) → output, and the
-hand-written backward through the same stages.
+as separate Triton stages, fla-style: cumsum → states → intra-chunk A (to HBM) → output (a scalar
+decay forms A inside the output kernel), and the hand-written backward through the same stages.
 
     o_t = Σ_{s ≤ t} (scale · q_t ⊙ exp(b_t − b_s)) · k_s  v_s  (+ the incoming state's share)
 
@@ -16,7 +16,7 @@ import torch
 
 from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o
+from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
 from ops.common.cumsum import chunk_cumsum
 
 CHUNK_SIZES = (16, 32, 64, 128)
@@ -29,8 +29,11 @@ class ChunkDecayAttention(torch.autograd.Function):
         h0 = initial_state.contiguous() if initial_state is not None else None
         b = chunk_cumsum(g, chunk_size)
         h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size)
-        A = chunk_intra_fwd(q, k, b, scale, chunk_size)
-        o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
+        if b.shape[-1] == 1:
+            o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
+        else:
+            A = chunk_intra_fwd(q, k, b, scale, chunk_size)
+            o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
         ctx.save_for_backward(q, k, v, b, h, A)
         ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
         return o, ht

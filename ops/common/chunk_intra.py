@@ -176,15 +176,17 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
     tl.store(dk + p, b_dk * scale, mask=m)
 
 
-def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16) -> torch.Tensor:
+def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16, **launch) -> torch.Tensor:
     """q, k: [B, T, H, K]; b: [B, T, H, K|1] fp32 → A [B, T, H, C] in q's dtype (scale included;
-    accumulated in fp32, stored in the dtype both of its consumers cast it to before their dots)."""
+    accumulated in fp32, stored in the dtype both of its consumers cast it to before their dots).
+    launch: num_warps / num_stages for the kernel."""
     B, T, H, K = q.shape
     BC = min(sub_chunk, chunk_size)
     A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
     NC = chunk_size // BC
     grid = (triton.cdiv(T, chunk_size), NC * NC, B * H)
-    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), b.shape[-1] == 1, dot_precision(q))
+    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), b.shape[-1] == 1, dot_precision(q),
+                                 **(dict(num_warps=2, num_stages=2) | launch))   # H100 sweep: 0.455 → 0.424 ms (MVE)
     return A
 
 

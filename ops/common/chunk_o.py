@@ -21,9 +21,11 @@ from ops.common.tiles import dot_precision, tile
 
 
 @triton.jit
-def chunk_fwd_o_kernel(q, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
-                       PREC: tl.constexpr):
+                       INLINE_A: tl.constexpr, PREC: tl.constexpr):
+    """INLINE_A (scalar decay only): form A = scale (q kᵀ) ⊙ exp(b_i − b_j) here instead of reading it,
+    and store it for the backward from the first V tile's program."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -34,10 +36,14 @@ def chunk_fwd_o_kernel(q, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.co
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     if SCALAR:
         b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+    if INLINE_A:
+        b_s = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        if INLINE_A:
+            b_s += tl.dot(b_q, _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K), input_precision=PREC)
         if SCALAR:
             b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
         else:
@@ -45,7 +51,14 @@ def chunk_fwd_o_kernel(q, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.co
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(b_qd.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=PREC)
-    b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
+    p_A = A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    if INLINE_A:
+        keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
+        b_A = (b_s * tl.exp(tl.where(keep, b_b[:, None] - b_b[None, :], float("-inf"))) * scale).to(A.dtype.element_ty)
+        if i_v == 0:
+            tl.store(p_A, b_A, mask=m_t[:, None])
+    else:
+        b_A = tl.load(p_A, mask=m_t[:, None], other=0.0)
     b_o += tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
     tl.store(o + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=m_t[:, None] & m_v[None, :])
@@ -160,14 +173,33 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
-def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
+# Launch configs from `scripts/debug_chunk_stages.py --sweep` on the H100 (bench/results/2026-11-23-h100-chunk.md):
+# at the GLA-340M layer, 8 warps unpipelined took the output stage from 0.295 to 0.223 ms; at the MVE
+# shape every config was within 1%.
+O_LAUNCH = dict(num_warps=8, num_stages=1)
+
+
+def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int, **launch) -> torch.Tensor:
+    """o [B, T, H, V] from A [B, T, H, C] (chunk_intra.py). launch: num_warps / num_stages."""
+    return _fwd_o(q, q, v, b, h, A, scale, chunk_size, False, launch)
+
+
+def chunk_fwd_o_scalar(q, k, v, b, h, scale: float, chunk_size: int, **launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scalar decay (b [B, T, H, 1]): A is one masked GEMM, so the output kernel forms it itself, one
+    launch and one A read fewer than chunk_intra_fwd + chunk_fwd_o. Returns o and A (q's dtype, for
+    the backward)."""
+    A = torch.empty(*q.shape[:3], chunk_size, dtype=q.dtype, device=q.device)
+    return _fwd_o(q, k, v, b, h, A, scale, chunk_size, True, launch), A
+
+
+def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = tile(K), tile(V)
     o = torch.empty_like(v)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
-    chunk_fwd_o_kernel[grid](q, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
-                             b.shape[-1] == 1, dot_precision(v))
+    chunk_fwd_o_kernel[grid](q, k, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
+                             b.shape[-1] == 1, inline_a, dot_precision(v), **(O_LAUNCH | launch))
     return o
 
 

@@ -13,7 +13,7 @@ import torch
 from ops.common.chunk_h import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
 from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
 from ops.common.chunk_o import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
-                                chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref)
+                                chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref, chunk_fwd_o_scalar)
 from ops.common.cumsum import chunk_cumsum, chunk_cumsum_ref
 from tests.helpers import rel_err
 
@@ -55,6 +55,10 @@ def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     A = chunk_intra_fwd(q, k, b, scale, C)
     assert rel_err(A, chunk_intra_fwd_ref(q, k, b, scale, C)) < tol, "A"
     assert rel_err(chunk_fwd_o(q, v, b, h, A, scale, C), chunk_fwd_o_ref(q, v, b, h, A, scale, C)) < tol, "o"
+    if scalar:                                          # A formed inside the output kernel, once per V tile
+        o2, A2 = chunk_fwd_o_scalar(q, k, v, b, h, scale, C)
+        assert rel_err(A2, chunk_intra_fwd_ref(q, k, b, scale, C)) < tol, "A (inline)"
+        assert rel_err(o2, chunk_fwd_o_ref(q, v, b, h, A2, scale, C)) < tol, "o (inline A)"
     dh, dh0 = chunk_bwd_dh(q, do, b, dht, True, scale, C)
     dh_ref, dh0_ref = chunk_bwd_dh_ref(q, do, b, dht, scale, C)
     assert rel_err(dh, dh_ref) < tol and rel_err(dh0, dh0_ref) < tol, "dh"
