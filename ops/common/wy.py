@@ -13,15 +13,16 @@ Backward, given dw and du (du = dv_new; dw = −dv_new h_nᵀ is formed here fro
     db_i = β_i γ_i k_i·(Tmᵀ dw)_i + Σ_j Q_ij − Σ_j Q_ji,   Q = dL ⊙ L
 Every exponent is b_i − b_j with i ≥ j, or b itself (chunk-local, ≤ 0): nothing overflows.
 
-Tm is solved in fp32 by block forward substitution: 16-row blocks, each block row I is
-Tm_I = (I + L_II)⁻¹ (E_I − L_I,: Tm) with the rows of blocks < I already in Tm, the 16 × 16 solve
-done row by row. Block rows are cut out and put back with exact 0/1 selection GEMMs ("ieee"), so
-Tm never leaves registers. The backward never feeds tl.trans of a dot accumulator into tl.dot
-(miscompiled on Hopper, ../shared/GPU.md): transposed operands are loaded transposed from
-memory, and Mᵀ is re-read by a second kernel.
-Tm is stored as [B, T, H, C] fp32: row t holds its chunk's row of Tm (like A in chunk_intra.py).
-The launchers (here and in delta_h.py) default to num_warps = 8: at 4, ptxas spills the [C, C] fp32
-tiles (sm90, C = 64), and fla's Hopper miscompile was a 4-warp, 64-row backward kernel.
+Tm is solved in fp32 in registers, in four row blocks (fla's fused kkt + solve has the same shape):
+the diagonal blocks by forward substitution, then the blocks below from the block recurrence (wy_fwd_kernel).
+The backward never feeds tl.trans of a dot accumulator into tl.dot (miscompiled on Hopper,
+../shared/GPU.md): transposed operands are loaded transposed from memory, and Mᵀ is re-read by a
+second kernel. Tm is stored as [B, T, H, C] in the inputs' dtype: row t holds its chunk's row of Tm
+(like A in chunk_intra.py).
+Warps, from an H100 sweep at B16 T2048 H16 K=V=64 (scripts/debug_delta_stages.py): the forward 2
+(0.436 ms; 0.612 at 4, 1.118 at 8: its tiles are 16 × 16), the backward 4 (0.659 ms; 0.918 at 8,
+1.084 at 2), its gradients checked against the fp64 reference on the GPU (tests/ops/test_delta_stages.py,
+and fla's Hopper miscompile was a 4-warp, 64-row backward kernel: keep those tests on the GPU).
 """
 from __future__ import annotations
 
@@ -34,55 +35,147 @@ from ops.common.tiles import dot_precision, tile
 
 
 @triton.jit
-def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    i_t, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-    o_r = tl.arange(0, BC)
-    b_T = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_i in range(BT // BC):
-        o_i = i_i * BC + o_r                                            # chunk-local rows of block I
-        t_i = i_t * BT + o_i
-        m_i = t_i < T
-        b_L = tl.zeros([BC, BT], dtype=tl.float32)                      # block row I of L
-        for i_k in range(tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            b_ki = _load_rows(k, i_b, i_h, t_i, m_i, o_k, m_k, T, H, K)
-            b_L += tl.dot(b_ki, _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K), input_precision=PREC)
-        b_bi = tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0)
-        b_betai = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
-        strict = (o_i[:, None] > o_c[None, :]) & m_i[:, None] & m_t[None, :]
-        decay = tl.exp(tl.where(strict, b_bi[:, None] - b_b[None, :], float("-inf")))
-        b_L = b_L * b_betai[:, None] * decay
-        sel = tl.where(o_c[:, None] == o_i[None, :], 1.0, 0.0)           # [BT, BC]: picks block I
-        b_X = tl.where(o_i[:, None] == o_c[None, :], 1.0, 0.0) - tl.dot(b_L, b_T, input_precision="ieee")
-        b_Lii = tl.dot(b_L, sel, input_precision="ieee")                # [BC, BC]
-        for r in range(1, BC):                                          # rows < r are final
-            l_r = tl.sum(tl.where(o_r[:, None] == r, b_Lii, 0.0), 0)
-            b_X = tl.where(o_r[:, None] == r, b_X - tl.sum(l_r[:, None] * b_X, 0)[None, :], b_X)
-        b_T += tl.dot(sel, b_X, input_precision="ieee")
-    tl.store(Ai + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_T, mask=m_t[:, None])
-    b_s = b_beta * tl.exp(b_b)
+def _kkt_block(k, b, beta, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+               BK: tl.constexpr, DIAG: tl.constexpr, PREC: tl.constexpr):
+    """The block of L with rows t_i and columns t_j: β_i exp(b_i − b_j) (k_i · k_j), strictly lower when
+    DIAG (a diagonal block), 0 past T."""
+    m_i, m_j = t_i < T, t_j < T
+    b_L = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32) * b_s[:, None]
-        b_w = tl.dot(b_T, b_k, input_precision=PREC)
-        tl.store(w + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty),
-                 mask=m_t[:, None] & m_k[None, :])
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32) * b_beta[:, None]
-        b_u = tl.dot(b_T, b_v, input_precision=PREC)
-        tl.store(u + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_u.to(u.dtype.element_ty),
-                 mask=m_t[:, None] & m_v[None, :])
+        b_L += tl.dot(_load_rows(k, i_b, i_h, t_i, m_i, o_k, m_k, T, H, K),
+                      _load_rows_t(k, i_b, i_h, t_j, m_j, o_k, m_k, T, H, K), input_precision=PREC)
+    keep = m_i[:, None] & m_j[None, :]
+    if DIAG:
+        keep = keep & (t_i[:, None] > t_j[None, :])
+    b_bi = tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0)
+    b_bj = tl.load(b + (i_b * T + t_j) * H + i_h, mask=m_j, other=0.0)
+    b_betai = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+    return b_L * b_betai[:, None] * tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
+
+
+@triton.jit
+def _substitute_row(L, X, o, r):
+    """Row r of X = (I + L)⁻¹ by forward substitution (rows < r final, row r still e_r)."""
+    l_r = tl.sum(tl.where(o[:, None] == r, L, 0.0), 0)
+    return tl.where(o[:, None] == r, X - tl.sum(l_r[:, None] * X, 0)[None, :], X)
+
+
+@triton.jit
+def _store_block(Ai, X, i_b, i_h, t_i, col0, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    o_j = col0 + tl.arange(0, BC)
+    tl.store(Ai + ((i_b * T + t_i[:, None]) * H + i_h) * BT + o_j[None, :], X.to(Ai.dtype.element_ty),
+             mask=(t_i < T)[:, None])
+
+
+@triton.jit
+def _scaled_rows(x, b, beta, i_b, i_h, t_i, o_d, m_d, T, H: tl.constexpr, D: tl.constexpr, DECAY: tl.constexpr):
+    """x's rows t_i times β (and γ = exp(b) when DECAY), fp32."""
+    m_i = t_i < T
+    s = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+    if DECAY:
+        s *= tl.exp(tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0))
+    return _load_rows(x, i_b, i_h, t_i, m_i, o_d, m_d, T, H, D).to(tl.float32) * s[:, None]
+
+
+@triton.jit
+def _apply_tm(x, out, b, beta, i_b, i_h, t0, T, H: tl.constexpr, D: tl.constexpr, BC: tl.constexpr,
+              NB: tl.constexpr, BD: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr,
+              X0, X1, X2, X3, T10, T20, T21, T30, T31, T32):
+    """out = Tm diag(β) (γ ⊙) x over the chunk's NB row blocks, Tm block lower triangular."""
+    for i_d in range(tl.cdiv(D, BD)):
+        o_d = i_d * BD + tl.arange(0, BD)
+        m_d = o_d < D
+        x0 = _scaled_rows(x, b, beta, i_b, i_h, t0, o_d, m_d, T, H, D, DECAY)
+        _store_rows(out, tl.dot(X0, x0, input_precision=PREC), i_b, i_h, t0, o_d, m_d, T, H, D)
+        if NB >= 2:
+            x1 = _scaled_rows(x, b, beta, i_b, i_h, t0 + BC, o_d, m_d, T, H, D, DECAY)
+            y1 = tl.dot(T10, x0, input_precision=PREC) + tl.dot(X1, x1, input_precision=PREC)
+            _store_rows(out, y1, i_b, i_h, t0 + BC, o_d, m_d, T, H, D)
+        if NB >= 4:
+            x2 = _scaled_rows(x, b, beta, i_b, i_h, t0 + 2 * BC, o_d, m_d, T, H, D, DECAY)
+            x3 = _scaled_rows(x, b, beta, i_b, i_h, t0 + 3 * BC, o_d, m_d, T, H, D, DECAY)
+            y2 = tl.dot(T20, x0, input_precision=PREC) + tl.dot(T21, x1, input_precision=PREC) \
+                + tl.dot(X2, x2, input_precision=PREC)
+            y3 = tl.dot(T30, x0, input_precision=PREC) + tl.dot(T31, x1, input_precision=PREC) \
+                + tl.dot(T32, x2, input_precision=PREC) + tl.dot(X3, x3, input_precision=PREC)
+            _store_rows(out, y2, i_b, i_h, t0 + 2 * BC, o_d, m_d, T, H, D)
+            _store_rows(out, y3, i_b, i_h, t0 + 3 * BC, o_d, m_d, T, H, D)
+
+
+@triton.jit
+def _store_rows(out, y, i_b, i_h, t_i, o_d, m_d, T, H: tl.constexpr, D: tl.constexpr):
+    tl.store(out + ((i_b * T + t_i[:, None]) * H + i_h) * D + o_d[None, :], y.to(out.dtype.element_ty),
+             mask=(t_i < T)[:, None] & m_d[None, :])
+
+
+@triton.jit
+def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  PREC: tl.constexpr):
+    """One program per chunk, in NB ∈ {1, 2, 4} row blocks of BC rows (explicit, as Triton has no
+    arrays of tiles): the diagonal blocks of Tm by forward substitution, all NB in one loop, then the
+    blocks below them from Tm_IJ = −Tm_II Σ_{J≤M<I} L_IM Tm_MJ (fp32, exact "ieee" dots)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o = tl.arange(0, BC)
+    t0 = i_t * BT + o
+    t1, t2, t3 = t0 + BC, t0 + 2 * BC, t0 + 3 * BC
+    eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    zero = tl.zeros([BC, BC], dtype=tl.float32)
+    L00 = _kkt_block(k, b, beta, i_b, i_h, t0, t0, T, H, K, BC, BK, True, PREC)
+    X0, X1, X2, X3 = eye, eye, eye, eye
+    T10, T20, T21, T30, T31, T32 = zero, zero, zero, zero, zero, zero
+    L11, L22, L33 = zero, zero, zero
+    if NB >= 2:
+        L11 = _kkt_block(k, b, beta, i_b, i_h, t1, t1, T, H, K, BC, BK, True, PREC)
+    if NB >= 4:
+        L22 = _kkt_block(k, b, beta, i_b, i_h, t2, t2, T, H, K, BC, BK, True, PREC)
+        L33 = _kkt_block(k, b, beta, i_b, i_h, t3, t3, T, H, K, BC, BK, True, PREC)
+    for r in range(1, BC):               # the NB substitutions are independent: one loop, four chains
+        X0 = _substitute_row(L00, X0, o, r)
+        if NB >= 2:
+            X1 = _substitute_row(L11, X1, o, r)
+        if NB >= 4:
+            X2 = _substitute_row(L22, X2, o, r)
+            X3 = _substitute_row(L33, X3, o, r)
+    if NB >= 2:
+        L10 = _kkt_block(k, b, beta, i_b, i_h, t1, t0, T, H, K, BC, BK, False, PREC)
+        T10 = -tl.dot(X1, tl.dot(L10, X0, input_precision="ieee"), input_precision="ieee")
+    if NB >= 4:
+        L20 = _kkt_block(k, b, beta, i_b, i_h, t2, t0, T, H, K, BC, BK, False, PREC)
+        L21 = _kkt_block(k, b, beta, i_b, i_h, t2, t1, T, H, K, BC, BK, False, PREC)
+        L30 = _kkt_block(k, b, beta, i_b, i_h, t3, t0, T, H, K, BC, BK, False, PREC)
+        L31 = _kkt_block(k, b, beta, i_b, i_h, t3, t1, T, H, K, BC, BK, False, PREC)
+        L32 = _kkt_block(k, b, beta, i_b, i_h, t3, t2, T, H, K, BC, BK, False, PREC)
+        T21 = -tl.dot(X2, tl.dot(L21, X1, input_precision="ieee"), input_precision="ieee")
+        T32 = -tl.dot(X3, tl.dot(L32, X2, input_precision="ieee"), input_precision="ieee")
+        T20 = -tl.dot(X2, tl.dot(L20, X0, input_precision="ieee") + tl.dot(L21, T10, input_precision="ieee"),
+                      input_precision="ieee")
+        T31 = -tl.dot(X3, tl.dot(L31, X1, input_precision="ieee") + tl.dot(L32, T21, input_precision="ieee"),
+                      input_precision="ieee")
+        T30 = -tl.dot(X3, tl.dot(L30, X0, input_precision="ieee") + tl.dot(L31, T10, input_precision="ieee")
+                      + tl.dot(L32, T20, input_precision="ieee"), input_precision="ieee")
+    _store_block(Ai, X0, i_b, i_h, t0, 0, T, H, BT, BC)
+    if NB >= 2:
+        _store_block(Ai, zero, i_b, i_h, t0, BC, T, H, BT, BC)
+        _store_block(Ai, T10, i_b, i_h, t1, 0, T, H, BT, BC)
+        _store_block(Ai, X1, i_b, i_h, t1, BC, T, H, BT, BC)
+    if NB >= 4:
+        for J in tl.static_range(2, 4):
+            _store_block(Ai, zero, i_b, i_h, t0, J * BC, T, H, BT, BC)
+            _store_block(Ai, zero, i_b, i_h, t1, J * BC, T, H, BT, BC)
+        _store_block(Ai, zero, i_b, i_h, t2, 3 * BC, T, H, BT, BC)
+        _store_block(Ai, T20, i_b, i_h, t2, 0, T, H, BT, BC)
+        _store_block(Ai, T21, i_b, i_h, t2, BC, T, H, BT, BC)
+        _store_block(Ai, X2, i_b, i_h, t2, 2 * BC, T, H, BT, BC)
+        _store_block(Ai, T30, i_b, i_h, t3, 0, T, H, BT, BC)
+        _store_block(Ai, T31, i_b, i_h, t3, BC, T, H, BT, BC)
+        _store_block(Ai, T32, i_b, i_h, t3, 2 * BC, T, H, BT, BC)
+        _store_block(Ai, X3, i_b, i_h, t3, 3 * BC, T, H, BT, BC)
+    _apply_tm(k, w, b, beta, i_b, i_h, t0, T, H, K, BC, NB, BK, True, PREC, X0, X1, X2, X3, T10, T20, T21, T30, T31, T32)
+    _apply_tm(v, u, b, beta, i_b, i_h, t0, T, H, V, BC, NB, BV, False, PREC, X0, X1, X2, X3, T10, T20, T21, T30, T31, T32)
 
 
 @triton.jit
@@ -99,7 +192,8 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
     b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_s = b_beta * tl.exp(b_b)                                           # β γ
     p_A = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
-    b_Tt = tl.load(Ai + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
+    b_Tt = tl.load(Ai + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :],
+                   other=0.0).to(tl.float32)
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
@@ -174,21 +268,24 @@ def wy_bwd_dk_kernel(k, M, dk_wy, dk_in, dk, T, H: tl.constexpr, K: tl.constexpr
 
 
 def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, chunk_size: int,
-           num_warps: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, 1] fp32 chunk-local cumsum; beta: [B, T, H].
-    Returns Tm [B, T, H, C] fp32, w [B, T, H, K] (k's dtype), u [B, T, H, V] (v's dtype)."""
+    Returns Tm [B, T, H, C], w [B, T, H, K], u [B, T, H, V], all in k's dtype (Tm is solved and applied
+    in fp32; stored for the backward in bf16 for bf16 inputs, as fla stores it, halving its traffic).
+    num_warps: 2 for 16-row blocks (C ≤ 64), 8 for C = 128's 32-row blocks (module docstring)."""
     B, T, H, K = k.shape
     V = v.shape[-1]
-    Ai = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=k.device)
+    Ai = torch.empty(B, T, H, chunk_size, dtype=k.dtype, device=k.device)
     w, u = torch.empty_like(k), torch.empty_like(v)
-    grid = (triton.cdiv(T, chunk_size), B * H)
-    wy_fwd_kernel[grid](k, v, b, beta, Ai, w, u, T, H, K, V, chunk_size, min(16, chunk_size), tile(K), tile(V),
-                        dot_precision(k), num_warps=num_warps)
+    BC = max(16, chunk_size // 4)
+    wy_fwd_kernel[(triton.cdiv(T, chunk_size), B * H)](k, v, b, beta, Ai, w, u, T, H, K, V, chunk_size, BC,
+                                                        chunk_size // BC, tile(K), tile(V), dot_precision(k),
+                                                        num_warps=num_warps or (2 if BC == 16 else 8))
     return Ai, w, u
 
 
 def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, Ai: torch.Tensor,
-           h: torch.Tensor, dv_new: torch.Tensor, dk_in: torch.Tensor, chunk_size: int, num_warps: int = 8):
+           h: torch.Tensor, dv_new: torch.Tensor, dk_in: torch.Tensor, chunk_size: int, num_warps: int = 4):
     """Ai: Tm from wy_fwd; h: [B, NT, H, K, V] the state entering each chunk; dv_new: [B, T, H, V] fp32
     (= du; dw = −dv_new h_nᵀ); dk_in: [B, T, H, K], the rest of dk. Returns dk (k's dtype, dk_in
     included), dv (v's dtype), dβ [B, T, H] fp32 and the WY part of db [B, T, H] fp32."""

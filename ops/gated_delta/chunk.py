@@ -5,7 +5,7 @@ Forward, per chunk (b = chunk-local cumsum of g, held in fp32):
     Tm, w, u   = WY transform of the chunk (ops/common/wy.py)
     h, v_new   = sequential state recurrence, v_new = u − w h_n (ops/common/delta_h.py)
     o          = scale (q ⊙ exp(b)) h_n + A v_new, A the causal decayed scores: GLA's output stage
-                 with a scalar decay and v := v_new (ops/common/chunk_intra.py, chunk_o.py)
+                 with a scalar decay and v := v_new, A formed in the output kernel (chunk_o.py)
 Backward, in reverse: the output stage's dA and intra dq, dk; the reverse recurrence for dh and
 dv_new (which also carries the −wᵀ dv_new term of v_new = u − w h_n); GLA's dq, dk, db with
 v := v_new; the WY backward (du = dv_new, dw = −dv_new h_nᵀ) into dk, dv, dβ, db; finally
@@ -17,8 +17,8 @@ import torch
 
 from ops.common.chunk import CHUNK_SIZES
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
-from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o
+from ops.common.chunk_intra import chunk_intra_bwd
+from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
 from ops.common.cumsum import chunk_cumsum
 from ops.common.delta_h import delta_h_bwd, delta_h_fwd
 from ops.common.wy import wy_bwd, wy_fwd
@@ -32,8 +32,7 @@ class ChunkGatedDelta(torch.autograd.Function):
         b = chunk_cumsum(g.unsqueeze(-1), chunk_size)                             # [B, T, H, 1] fp32
         Ai, w, u = wy_fwd(k, v, b, beta, chunk_size)
         h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size)
-        A = chunk_intra_fwd(q, k, b, scale, chunk_size)
-        o = chunk_fwd_o(q, v_new, b, h, A, scale, chunk_size)
+        o, A = chunk_fwd_o_scalar(q, k, v_new, b, h, scale, chunk_size)
         ctx.save_for_backward(q, k, v, b, beta, Ai, w, h, v_new, A)
         ctx.scale, ctx.chunk_size, ctx.has_h0 = scale, chunk_size, h0 is not None
         ctx.g_dtype, ctx.beta_dtype = g.dtype, beta.dtype
