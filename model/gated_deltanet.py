@@ -47,6 +47,9 @@ class GatedDeltaNetMixer(nn.Module):
         q = F.normalize(self.q_conv(self.q_proj(x)).view(B, T, self.H, self.K), dim=-1, eps=1e-6)
         k = F.normalize(self.k_conv(self.k_proj(x)).view(B, T, self.H, self.K), dim=-1, eps=1e-6)
         v = self.v_conv(self.v_proj(x)).view(B, T, self.H, self.V)
+        # CUDA autocast runs F.normalize in fp32; the Triton backends take q, k, v in one dtype, and
+        # every backend must see the same inputs (the chunk backend raised here in bf16 training).
+        q, k = q.to(v.dtype), k.to(v.dtype)
         beta = self.b_proj(x).float().sigmoid()                              # [B, T, H]
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)  # [B, T, H]
         o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5)     # [B, T, H, V]

@@ -10,6 +10,7 @@ from eval.equivalence import compare, within_bf16_bound
 from model.config import ModelConfig
 
 TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low_rank=4),
+        "gated_deltanet": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16),
         "mamba2": dict(d_model=32, ssm_head_dim=8, ssm_state=8)}
 
 
@@ -28,7 +29,9 @@ def test_chunk_model_equals_naive_in_fp32(family):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the bf16 model check needs a CUDA GPU")
 @pytest.mark.parametrize("family,dims", [("gla", dict(d_model=768, n_heads=12, head_k_dim=64, head_v_dim=64)),
                                          ("gla", dict(d_model=1024, n_heads=4, head_k_dim=128, head_v_dim=256)),
-                                         ("mamba2", dict(d_model=768))], ids=["gla_125m", "gla_340m", "mamba2_130m"])
+                                         ("gated_deltanet", dict(d_model=768, n_heads=6, head_k_dim=128, head_v_dim=128)),
+                                         ("mamba2", dict(d_model=768))],
+                         ids=["gla_125m", "gla_340m", "gdn_125m", "mamba2_130m"])
 def test_chunk_model_matches_naive_in_bf16(family, dims):
     """Two layers of the preset's width at T = 2048 under bf16 autocast."""
     cfg = ModelConfig(family=family, n_layers=2, **dims)
