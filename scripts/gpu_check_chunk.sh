@@ -13,6 +13,7 @@ mkdir -p "$TRITON_CACHE_DIR"
 [ -f .carry/triton_cache.tgz ] && tar xzf .carry/triton_cache.tgz -C "$TRITON_CACHE_DIR"
 nvidia-smi --query-gpu=name --format=csv,noheader
 [ -n "${DEBUG_STAGES:-}" ] && timeout 240 python3 scripts/debug_chunk_stages.py 2>&1 | tee "$OUT/debug.log" | grep -v Warn
+[ -n "${DELTA_STAGES:-}" ] && timeout 300 python3 scripts/debug_delta_stages.py $DELTA_STAGES 2>&1 | tee "$OUT/delta_stages.log" | grep -v Warn
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -ra ${TEST_PATHS:-tests/ops} ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/pytest_ops.log" | tail -12
 fi
@@ -23,9 +24,9 @@ import fla.ops.common.chunk_o as c; c.TRITON_ABOVE_3_7_1 = True   # fla's backwa
 runpy.run_module('eval.equivalence', run_name='__main__')" --config "$cfg" --backends chunk,fla 2>&1 | tee -a "$OUT/equivalence.log"
   done
 fi
-if [ -n "${PARITY:-}" ]; then   # gla_125m per backend: 200 steps from the same init on the same data (scripts/parity.py)
+if [ -n "${PARITY:-}" ]; then   # PARITY_CONFIG (gla_125m) per backend: 200 steps from the same init on the same data (scripts/parity.py)
   D=.carry/data
-  timeout 420 python3 scripts/parity.py --config configs/gla_125m.yaml --backends "${PARITY_BACKENDS:-naive,chunk}" \
+  timeout "${PARITY_TIMEOUT:-420}" python3 scripts/parity.py --config "${PARITY_CONFIG:-configs/gla_125m.yaml}" --backends "${PARITY_BACKENDS:-naive,chunk}" \
     --steps 200 --eval-interval 50 --out /tmp/parity \
     --data.source=local:$D/pydocs-train --data.eval_source=local:$D/wikitext-103-eval \
     --data.tokenizer_file=$D/tokenizers/gpt2.tiktoken --data.cache_dir=/tmp/data_cache \
@@ -34,6 +35,6 @@ if [ -n "${PARITY:-}" ]; then   # gla_125m per backend: 200 steps from the same 
   cp /tmp/parity/parity.md /tmp/parity/parity.json /tmp/parity/parity.png "$OUT/" 2>/dev/null
   cat /tmp/parity/parity.md 2>/dev/null
 fi
-timeout "${BENCH_TIMEOUT:-420}" python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -E "^ *(gla|ssd) "
+timeout "${BENCH_TIMEOUT:-420}" python3 scripts/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -E "^ *(gla|ssd|gated_delta) "
 # autotune results only (the compiled kernels are tens of MB): the next machine compiles the chosen config
 (cd "$TRITON_CACHE_DIR" && find . -name "*.autotune.json" | tar czf "$OUT/triton_cache.tgz" -T -) && ls -la "$OUT/triton_cache.tgz"
