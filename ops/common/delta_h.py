@@ -141,7 +141,10 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     delta_h_bwd_kernel[(triton.cdiv(V, BV), B * H)](q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
                                                      chunk_size, BK, BV, dht is not None, need_dh0,
-                                                     dot_precision(do), num_warps=num_warps)
+                                                     dot_precision(do), num_warps=num_warps,
+                                                     # fp32 at K = V = 128: the pipelined loop asked for 312 KB
+                                                     # of shared memory on the H100 (limit 227 KB)
+                                                     num_stages=1 if do.element_size() == 4 and BK * BV > 4096 else 3)
     return dh, dv_new, dh0
 
 
