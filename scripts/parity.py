@@ -9,6 +9,13 @@ then scores the test split with eval/perplexity.py. The first backend listed is 
 Reported per backend: the validation-loss difference to the reference at every evaluation, the
 mean train-loss difference over the last half of the run, the final test token/word perplexity, and
 pass/fail: |Δ val loss| ≤ --tolerance nats (default 0.01, DESIGN §5) at the last evaluation.
+
+--floor adds a run that measures how far two correct runs drift apart: the reference backend again,
+with half the micro-batch and twice the accumulation (the same rows per step, summed in another
+order, so it differs from the reference by rounding alone). Its Δ is the noise floor of the
+comparison: a backend's Δ within the floor is indistinguishable from rounding.
+--parallel trains every run at once on the same device (each logs to <out>/<run>.log): parity does not
+time anything, and the naive runs leave most of a GPU idle.
 Writes <out>/parity.{json,md,png} (curves overlaid, and Δ to the reference); exits 1 if any fails.
 """
 from __future__ import annotations
@@ -20,6 +27,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def read_metrics(run: Path) -> tuple[dict[int, float], dict[int, float]]:
@@ -48,6 +57,18 @@ def compare(runs: dict[str, Path], tests: dict[str, dict], tolerance: float) -> 
     return out
 
 
+def floor_overrides(config: str, overrides: list[str]) -> list[str]:
+    """Half the micro-batch, twice the accumulation and evaluation batches: the same training rows and
+    validation windows as the reference, another order of summation."""
+    from config import load_config
+
+    tc = load_config(config, overrides).train
+    if tc.micro_batch_size % 2:
+        raise SystemExit(f"error: --floor halves the micro-batch; {tc.micro_batch_size} is odd")
+    return [f"--train.micro_batch_size={tc.micro_batch_size // 2}", f"--train.grad_accum={tc.grad_accum * 2}",
+            f"--train.eval_batches={tc.eval_batches * 2}"]
+
+
 def to_markdown(result: dict, command: str, tolerance: float) -> str:
     names = list(result["backends"])
     ref = names[0]
@@ -61,9 +82,14 @@ def to_markdown(result: dict, command: str, tolerance: float) -> str:
         t = r["test"] or {}
         word = f"{t['word_ppl']:.2f}" if t.get("word_ppl") else "—"
         ppl = f"{t['token_ppl']:.2f}" if t else "—"
-        verdict = "reference" if b == ref else ("pass" if r["pass"] else "**FAIL**")
+        verdict = "reference" if b == ref else "noise floor" if b.endswith("~") else \
+            ("pass" if r["pass"] else "**FAIL**")
         lines.append(f"| {b} | {r['val_loss'][last]:.4f} | {r['final_delta_val']:+.4f} | {r['max_abs_delta_val']:.4f} | "
                      f"{r['mean_delta_train_last_half']:+.4f} | {ppl} | {word} | {verdict} |")
+    floor = [r for b, r in result["backends"].items() if b.endswith("~")]
+    if floor:
+        lines += ["", f"Noise floor: `{ref}~` is `{ref}` again with the micro-batch split in two (the same rows, "
+                  f"summed in another order); it drifts {floor[0]['max_abs_delta_val']:.4f} nats from `{ref}` at most."]
     return "\n".join(lines) + "\n"
 
 
@@ -95,6 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-interval", type=int, default=50)
     p.add_argument("--tolerance", type=float, default=0.01, help="|Δ val loss| in nats at the last evaluation")
+    p.add_argument("--floor", action="store_true", help="also re-run the reference with the micro-batch split "
+                   "in two (same rows per step): the noise floor of the comparison")
+    p.add_argument("--parallel", action="store_true", help="train all runs at once (one device; memory permitting)")
     p.add_argument("--out", type=Path, help="folder for the runs and parity.{json,md,png} (default runs/parity_<config>)")
     args, overrides = p.parse_known_args(argv)
     backends = args.backends.split(",")
@@ -103,17 +132,39 @@ def main(argv: list[str] | None = None) -> dict:
     stem = Path(args.config).stem
     out = args.out or REPO / "runs" / f"parity_{stem}"
     runs = {b: out / f"{stem}_{b}" for b in backends}
+    extra = {b: [] for b in backends}
+    if args.floor:
+        floor = f"{backends[0]}~"
+        runs = {backends[0]: runs[backends[0]], floor: out / f"{stem}_{backends[0]}_floor", **runs}
+        extra[floor] = floor_overrides(args.config, overrides)
     taken = [str(r) for r in runs.values() if r.exists()]
     if taken:
         raise SystemExit(f"error: {', '.join(taken)} already exist; remove them or pass another --out")
     data_overrides = [o for o in overrides if o.startswith("--data.")]
+    def train_cmd(b: str, run: Path) -> list[str]:
+        return [sys.executable, str(REPO / "train.py"), "--config", args.config, "--backend", b.rstrip("~"),
+                f"--train.name={run.name}", f"--train.out_dir={out}", f"--train.max_steps={args.steps}",
+                f"--train.eval_interval={args.eval_interval}", "--train.ckpt_interval=0", *overrides, *extra[b]]
+
+    if args.parallel:
+        # shards once, before the runs race to build the same cache folder
+        subprocess.run([sys.executable, "-m", "data.prepare", "--config", args.config, *data_overrides],
+                       check=True, cwd=REPO)
+        out.mkdir(parents=True, exist_ok=True)
+        procs = {}
+        for b, run in runs.items():
+            print(f"== {b}: training {args.steps} steps {' '.join(extra[b])} (log: {out / run.name}.log)", flush=True)
+            with open(out / f"{run.name}.log", "w") as log:
+                procs[b] = subprocess.Popen(train_cmd(b, run), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        failed = [b for b, proc in procs.items() if proc.wait() != 0]
+        if failed:
+            raise SystemExit(f"error: training failed for {', '.join(failed)}; see "
+                             + ", ".join(f"{out / runs[b].name}.log" for b in failed))
     tests = {}
     for b, run in runs.items():
-        print(f"== {b}: training {args.steps} steps", flush=True)
-        subprocess.run([sys.executable, str(REPO / "train.py"), "--config", args.config, "--backend", b,
-                        f"--train.name={run.name}", f"--train.out_dir={out}", f"--train.max_steps={args.steps}",
-                        f"--train.eval_interval={args.eval_interval}", "--train.ckpt_interval=0", *overrides],
-                       check=True, cwd=REPO)
+        if not args.parallel:
+            print(f"== {b}: training {args.steps} steps {' '.join(extra[b])}", flush=True)
+            subprocess.run(train_cmd(b, run), check=True, cwd=REPO)
         subprocess.run([sys.executable, str(REPO / "eval" / "perplexity.py"), "--ckpt", str(run), "--split", "test",
                         "--out", str(run / "eval_test.json"), *data_overrides], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL)
@@ -128,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "parity.md").write_text(to_markdown(result, command, args.tolerance))
     plot(result, out / "parity.png")
     print((out / "parity.md").read_text())
-    failed = [b for b, r in result["backends"].items() if not r["pass"]]
+    failed = [b for b, r in result["backends"].items() if not r["pass"] and not b.endswith("~")]
     print(f"wrote {out}/parity.{{json,md,png}}; " + (f"FAIL: {', '.join(failed)}" if failed else "all within tolerance"))
     if failed and argv is None:
         sys.exit(1)

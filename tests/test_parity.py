@@ -1,8 +1,11 @@
 """scripts/parity.py end to end on a tiny GLA: naive and chunk trained from the same weights on the
-same data in fp32 stay equal (the chunk kernels are exact in fp32), and the report is written."""
+same data in fp32 stay equal (the chunk kernels are exact in fp32), the noise-floor run splits the
+micro-batch, and the report is written."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from scripts.parity import main
 
@@ -12,12 +15,20 @@ TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32"
         "--data.synthetic.train_tokens=20000", "--data.synthetic.eval_tokens=600"]
 
 
-def test_parity_naive_vs_chunk(tmp_path):
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
+def test_parity_naive_vs_chunk(tmp_path, parallel):
     result = main(["--config", "configs/smoke.yaml", "--backends", "naive,chunk", "--steps", "3", "--eval-interval", "3",
-                   "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
+                   "--floor", *(["--parallel"] if parallel else []), "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
     naive, chunk = result["backends"]["naive"], result["backends"]["chunk"]
     assert naive["pass"] and naive["final_delta_val"] == 0
     assert chunk["pass"] and abs(chunk["final_delta_val"]) < 1e-4, chunk["delta_val"]
     assert abs(chunk["test"]["loss"] - naive["test"]["loss"]) < 1e-4
+    floor = result["backends"]["naive~"]
+    assert abs(floor["final_delta_val"]) < 1e-4, floor["delta_val"]
+    floor_cfg = (tmp_path / "smoke_naive_floor" / "config.yaml").read_text()
+    assert "micro_batch_size: 1" in floor_cfg and "grad_accum: 2" in floor_cfg and "eval_batches: 2" in floor_cfg
+    assert "Noise floor" in (tmp_path / "parity.md").read_text()
     assert json.loads((tmp_path / "parity.json").read_text())["backends"]["chunk"]["pass"]
+    if parallel:
+        assert "step" in (tmp_path / "smoke_chunk.log").read_text()
     assert (tmp_path / "parity.png").stat().st_size > 0 and "chunk" in (tmp_path / "parity.md").read_text()
