@@ -177,11 +177,15 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
 # at the GLA-340M layer, 8 warps unpipelined took the output stage from 0.295 to 0.223 ms; at the MVE
 # shape every config was within 1%.
 O_LAUNCH = dict(num_warps=8, num_stages=1)
+# The scalar-decay kernel that forms A itself (chunk_fwd_o_scalar), from `scripts/debug_delta_stages.py`'s
+# sweep on the H100 (every config's output bit-identical): 4 warps, 3 stages took 0.186 → 0.145 ms at
+# B16 T2048 H16 K=V=64 and 0.121 → 0.100 ms at B8 T2048 H8 K=V=128 (bench/results/2026-11-23-h100-chunk-parity.md).
+O_SCALAR_LAUNCH = dict(num_warps=4, num_stages=3)
 
 
 def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int, **launch) -> torch.Tensor:
     """o [B, T, H, V] from A [B, T, H, C] (chunk_intra.py). launch: num_warps / num_stages."""
-    return _fwd_o(q, q, v, b, h, A, scale, chunk_size, False, launch)
+    return _fwd_o(q, q, v, b, h, A, scale, chunk_size, False, O_LAUNCH | launch)
 
 
 def chunk_fwd_o_scalar(q, k, v, b, h, scale: float, chunk_size: int, **launch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +193,7 @@ def chunk_fwd_o_scalar(q, k, v, b, h, scale: float, chunk_size: int, **launch) -
     launch and one A read fewer than chunk_intra_fwd + chunk_fwd_o. Returns o and A (q's dtype, for
     the backward)."""
     A = torch.empty(*q.shape[:3], chunk_size, dtype=q.dtype, device=q.device)
-    return _fwd_o(q, k, v, b, h, A, scale, chunk_size, True, launch), A
+    return _fwd_o(q, k, v, b, h, A, scale, chunk_size, True, O_SCALAR_LAUNCH | launch), A
 
 
 def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch):
@@ -199,7 +203,7 @@ def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch):
     o = torch.empty_like(v)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     chunk_fwd_o_kernel[grid](q, k, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
-                             b.shape[-1] == 1, inline_a, dot_precision(v), **(O_LAUNCH | launch))
+                             b.shape[-1] == 1, inline_a, dot_precision(v), **launch)
     return o
 
 
