@@ -73,6 +73,13 @@ def stages(B, T, H, K, V, old_wy=None) -> dict:
         errs = [rel(x, y) for x, y in zip(wy_fwd(k, v, b, beta, C, num_warps=nw), (Ai, w, u))]
         print(f"  wy_fwd num_warps={nw} vs default (Tm w u): " + " ".join(f"{e:.1e}" for e in errs))
         fns[f"(fwd wy, {nw} warps)"] = lambda nw=nw: wy_fwd(k, v, b, beta, C, num_warps=nw)
+    o_ref, _ = chunk_fwd_o_scalar(q, k, v_new, b, h, s, C)
+    for nw in (2, 4, 8):
+        for ns in (1, 2, 3):
+            o_l, _ = chunk_fwd_o_scalar(q, k, v_new, b, h, s, C, num_warps=nw, num_stages=ns)
+            print(f"  fwd o num_warps={nw} num_stages={ns} vs default: {rel(o_l, o_ref):.1e}")
+            fns[f"(fwd o, {nw}w {ns}s)"] = lambda nw=nw, ns=ns: chunk_fwd_o_scalar(q, k, v_new, b, h, s, C, num_warps=nw,
+                                                                                     num_stages=ns)
     ref = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C)
     for nw in (2, 8):
         errs = [rel(x, y) for x, y in zip(wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C, num_warps=nw), ref)]
