@@ -43,7 +43,7 @@ class TrainConfig:
     precision: str = "auto"            # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp16 | fp32
     log_interval: int = 10
     eval_interval: int = 200           # 0 disables periodic validation
-    eval_batches: int = 20
+    eval_batches: int = 20             # validation: eval_batches·micro_batch_size windows, split across ranks
     ckpt_interval: int = 500           # 0: only the final checkpoint
     keep_ckpts: int = 2
     progress: bool = True

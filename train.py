@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -25,7 +26,7 @@ from tqdm import tqdm
 
 from config import Config, ConfigError, load_config, save_config, to_dict
 from data.prepare import prepare_split
-from data.sampler import BatchSampler, eval_batches
+from data.sampler import BatchSampler, eval_batches, windows_to_batch
 from model import build_model
 from ops import BackendError
 from utils.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -74,13 +75,18 @@ def resolve_precision(p: str) -> str:
 
 @torch.no_grad()
 def evaluate(model, store, cfg: Config, accelerator) -> float:
-    """Mean token loss over the first train.eval_batches batches of the split, across ranks."""
+    """Mean token loss over the split's first train.eval_batches·micro_batch_size windows, shared
+    among the ranks. Every rank runs the same number of forwards (a rank with fewer windows repeats
+    one at weight 0): under FSDP each forward gathers parameters from all ranks."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    for x, y in eval_batches(store, cfg.data.seq_len, cfg.train.micro_batch_size, cfg.train.eval_batches,
-                             accelerator.num_processes, accelerator.process_index):
+    world, mb = accelerator.num_processes, cfg.train.micro_batch_size
+    batches = list(eval_batches(store, cfg.data.seq_len, mb, cfg.train.eval_batches, world, accelerator.process_index))
+    n_max = -(-len(range(0, min(cfg.train.eval_batches * mb, (len(store) - 1) // cfg.data.seq_len), world)) // mb)
+    padding = [(*windows_to_batch(store, [0], cfg.data.seq_len), 0.0)] * (n_max - len(batches))
+    for x, y, weight in [(x, y, 1.0) for x, y in batches] + padding:
         _, loss = model(x.to(accelerator.device), y.to(accelerator.device))
-        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
+        total += weight * torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
     model.train()
     total = accelerator.reduce(total, reduction="sum")
     return (total[0] / total[1]).item()
@@ -106,7 +112,13 @@ def main(argv: list[str] | None = None) -> dict:
         cfg.model.backend = args.backend
     tc = cfg.train
     precision = resolve_precision(tc.precision)
-    accelerator = Accelerator(mixed_precision=precision)
+    # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
+    # left out, each process trained alone and they raced for the same run folder
+    accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+    launched = int(os.environ.get("WORLD_SIZE", 1))
+    if accelerator.num_processes != launched:
+        raise SystemExit(f"error: {launched} processes were launched but accelerate set up {accelerator.num_processes}; "
+                         "launch with `accelerate launch --num_processes N` on GPUs (or torchrun on CPUs)")
     main_proc, device = accelerator.is_main_process, accelerator.device
     log = accelerator.print
     run_dir = Path(tc.out_dir) / tc.name

@@ -3,7 +3,8 @@
 The token stream is cut into non-overlapping windows of seq_len + 1 tokens (inputs and shifted
 targets). Each epoch visits every window once in an order drawn from (seed, epoch). Optimizer
 step `s` consumes global rows [s·G, (s+1)·G) of that endless sequence, G = micro_batch · accum ·
-world; rank r's micro-step m takes rows (m·world + r)·micro_batch + [0, micro_batch).
+world; rank r's micro-step m takes rows (m·world + r)·micro_batch + [0, micro_batch). Validation
+takes the first eval_batches·micro_batch windows, split across ranks.
 
 Consequences: the same rows in the same order for every backend (parity), resuming at step s needs
 no sampler state, and a global batch is the same set of rows whatever the world size.
@@ -62,9 +63,10 @@ def windows_to_batch(store: TokenStore, windows: list[int], T: int) -> tuple[tor
 
 def eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int,
                  world_size: int = 1, rank: int = 0):
-    """The first n_batches·micro_batch·world windows in stream order, this rank's share, batched."""
+    """The first n_batches·micro_batch windows in stream order, this rank's share, batched: the same
+    windows whatever the world size, so validation losses compare across GPU counts."""
     n_windows = (len(store) - 1) // seq_len
-    total = min(n_batches * micro_batch * world_size, n_windows)
+    total = min(n_batches * micro_batch, n_windows)
     mine = list(range(rank, total, world_size))
     for i in range(0, len(mine), micro_batch):
         yield windows_to_batch(store, mine[i:i + micro_batch], seq_len)

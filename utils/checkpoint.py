@@ -66,8 +66,11 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
+    # every rank writes its own RNG state into tmp: none may be renamed away while another still writes
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _write_atomic(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=1))
         shutil.rmtree(final, ignore_errors=True)

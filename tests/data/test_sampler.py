@@ -60,5 +60,6 @@ def test_each_epoch_visits_every_window_once(store):
 def test_eval_batches_split_across_ranks(store):
     one = [x for x, _ in eval_batches(store, 16, 2, 3)]
     two = [x for r in range(2) for x, _ in eval_batches(store, 16, 2, 3, world_size=2, rank=r)]
+    three = [x for r in range(3) for x, _ in eval_batches(store, 16, 2, 3, world_size=3, rank=r)]
     rows = lambda bs: sorted(tuple(r.tolist()) for b in bs for r in b)  # noqa: E731
-    assert len(rows(two)) == 12 and set(rows(one)) <= set(rows(two))
+    assert len(rows(one)) == 6 and rows(one) == rows(two) == rows(three)
