@@ -59,3 +59,16 @@ def test_two_processes_equal_one_with_accumulation(tmp_path):
     assert ckpts[0] == ckpts[1] == ["latest", "step_00000004"]
     w1, w2 = (load_file(tmp_path / r / "checkpoints" / "step_00000004" / "model.safetensors") for r in ("one", "two"))
     assert w1.keys() == w2.keys() and all(torch.allclose(w1[k], w2[k], atol=1e-6) for k in w1)
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_accelerate_configs_load(name):
+    """configs/accelerate/*.yaml parse with accelerate's own loader and name the layer class FSDP wraps."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from model import common
+
+    cfg = load_config_from_file(str(REPO / "configs" / "accelerate" / f"{name}.yaml"))
+    assert str(cfg.distributed_type).endswith({"ddp": "MULTI_GPU", "fsdp": "FSDP"}[name])
+    if name == "fsdp":
+        assert hasattr(common, cfg.fsdp_config["fsdp_transformer_layer_cls_to_wrap"])
