@@ -171,8 +171,22 @@ def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
     row["fwd_gbs"] = case.bytes_fwd(case.dims) / row["fwd_ms"] / 1e6
     row["fwd_floor_ms"] = max(f / PEAK_TFLOPS / 1e9, case.bytes_fwd(case.dims) / PEAK_GBS / 1e6)
     row["fwdbwd_floor_ms"] = max(3 * f / PEAK_TFLOPS / 1e9, case.bytes_bwd(case.dims) / PEAK_GBS / 1e6)
+    row["plan_floor_ms"] = plan_floor_ms(case, backend)
     row["status"] = "ok"
     return row
+
+
+def plan_floor_ms(case: Case, backend: str) -> float | None:
+    """The data-movement model's forward floor for this backend's kernel plan (ops/common/movement.py),
+    where it has one: chunk's for GLA and SSD (B, C expanded per head, as ops/ssd/chunk.py does)."""
+    from ops.common.movement import H100, Shape, chunk_plan
+
+    d = case.dims
+    if backend != "chunk" or case.op not in ("gla", "ssd"):
+        return None
+    s = Shape(d["B"], d["T"], d["H"], d["K"], d["V"]) if case.op == "gla" else \
+        Shape(d["B"], d["T"], d["H"], d["N"], d["P"], scalar_decay=True)
+    return chunk_plan(s).floor_s(H100) * 1e3
 
 
 def environment() -> dict:
@@ -221,9 +235,12 @@ def to_markdown(rows: list[dict], env: dict, command: str, notes: list[str]) -> 
         sp = (f"{peer['fwd_ms'] / r['fwd_ms']:.2f}×", f"{peer['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}×") if peer else ("", "")
         lines.append(f"| {r['op']} | {r['shape']} ({dims}) | {r['backend']} | {r['check']} | {r['fwd_ms']:.3f} | "
                      f"{r['fwdbwd_ms']:.3f} | {sp[0]} | {sp[1]} | {r['fwd_tflops']:.1f} | {r['fwd_gbs']:.0f} | "
-                     f"{r['fwd_floor_ms']:.3f} / {r['fwdbwd_floor_ms']:.3f} |")
+                     f"{r['fwd_floor_ms']:.3f} / {r['fwdbwd_floor_ms']:.3f}"
+                     + (f"; plan {r['plan_floor_ms']:.3f}" if r.get("plan_floor_ms") else "") + " |")
     lines += ["", f"Ceilings: {PEAK_TFLOPS:.0f} TFLOP/s bf16, {PEAK_GBS:.0f} GB/s. FLOPs are the chunkwise "
-              "algorithm's (C = 64); fwd+bwd counts 3× forward. fla/this > 1 means this backend is faster."]
+              "algorithm's (C = 64); fwd+bwd counts 3× forward. fla/this > 1 means this backend is faster. "
+              "Floor: every input read and every output written once; plan: the forward floor of the backend's "
+              "own kernels (ops/common/movement.py, H100)."]
     return "\n".join(lines) + "\n"
 
 
