@@ -4,6 +4,8 @@ stage's time, to localise a GPU-only error or find where the time goes.
     python scripts/debug_chunk_stages.py                  # check, then time at the kernel benchmark's GLA shapes
     python scripts/debug_chunk_stages.py --check-only
     python scripts/debug_chunk_stages.py --sweep          # forward stages over num_warps x num_stages
+The fused output kernel of [F] (ops/common/fused_chunk.py) is checked, timed and swept beside the
+intra + output pair it replaces.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_i
 from ops.common.chunk_o import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref)
 from ops.common.cumsum import chunk_cumsum
+from ops.common.fused_chunk import fused_chunk_fwd
 
 C = 64
 
@@ -57,6 +60,8 @@ def check(B, T, H, K, V, scalar=False):
             "o": rel(chunk_fwd_o(q, v, b, h, A, s, C), chunk_fwd_o_ref(q, v, b, h, A, s, C)),
             "dh": rel(dh, chunk_bwd_dh_ref(q, do, b, None, s, C)[0]), "dA": rel(dA, chunk_bwd_dA_ref(do, v, C)),
             "dv": rel(chunk_bwd_dv(k, b, A, do, dh, C), chunk_bwd_dv_ref(k, b, A, do, dh, C))}
+    if not scalar:                                      # the [F] fused output kernel: o without A in HBM
+        errs["fused o"] = rel(fused_chunk_fwd(q, k, v, b, h, s, C), chunk_fwd_o_ref(q, v, b, h, A, s, C))
     ref = chunk_intra_bwd_ref(q, k, b, dA, s, C)
     errs["intra dq"], errs["intra dk"] = rel(x["dqi"], ref[0]), rel(x["dki"], ref[1])
     for name, y in zip(("dq", "dk", "db"), chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, x["dqi"], x["dki"], s, C)):
@@ -75,6 +80,7 @@ def timings(B, T, H, K, V):
         "fwd h": lambda: chunk_fwd_h(k, v, b, None, False, C),
         "fwd intra A": lambda: chunk_intra_fwd(q, k, b, s, C),
         "fwd o": lambda: chunk_fwd_o(q, v, b, h, A, s, C),
+        "(fwd fused o)": lambda: fused_chunk_fwd(q, k, v, b, h, s, C),
         "bwd dh": lambda: chunk_bwd_dh(q, do, b, None, False, s, C),
         "bwd dA": lambda: chunk_bwd_dA(do, v, C),
         "bwd dv": lambda: chunk_bwd_dv(k, b, A, do, dh, C),
@@ -86,7 +92,8 @@ def timings(B, T, H, K, V):
     total = {"fwd": 0.0, "bwd": 0.0}
     for name, fn in stages.items():
         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        total[name[:3]] += ms
+        if not name.startswith("("):                    # (…): an alternative, not part of the sums
+            total[name[:3]] += ms
         print(f"  {name:<16} {ms:.3f}")
     print(f"  sum fwd {total['fwd']:.3f}, sum bwd {total['bwd']:.3f}, fwd+bwd {total['fwd'] + total['bwd']:.3f}",
           flush=True)
@@ -100,7 +107,8 @@ def sweep(B, T, H, K, V):
     q, k, v, b, h, A, s = (x[n] for n in ("q", "k", "v", "b", "h", "A", "scale"))
     stages = {"h": lambda **kw: chunk_fwd_h(k, v, b, None, False, C, **kw)[0],
               "intra A": lambda **kw: chunk_intra_fwd(q, k, b, s, C, **kw),
-              "o": lambda **kw: chunk_fwd_o(q, v, b, h, A, s, C, **kw)}
+              "o": lambda **kw: chunk_fwd_o(q, v, b, h, A, s, C, **kw),
+              "fused o": lambda **kw: fused_chunk_fwd(q, k, v, b, h, s, C, **kw)}
     print(f"B{B} T{T} H{H} K{K} V{V} (bf16) forward stages, median ms by num_warps x num_stages:")
     for name, fn in stages.items():
         ref, row = fn(), []
