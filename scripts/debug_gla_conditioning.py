@@ -24,9 +24,9 @@ if __package__ in (None, ""):
 import torch
 
 from config import load_config
-from data.tokenizer import get_tokenizer
 from eval.equivalence import rel
 from model import build_model
+from scripts.debug_model_grads import text_batch
 
 
 def run(cfg, state: dict, idx: torch.Tensor, dtype: torch.dtype) -> tuple[dict, list, list]:
@@ -64,9 +64,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--eps", default="1e-6,1e-5,1e-4", help="norm_eps values to compare")
     args = p.parse_args()
-    n = args.batch * (args.seq_len + 1)
-    ids = get_tokenizer(args.tokenizer_file).encode_ordinary(args.text.read_text()[: 20 * n])[:n]
-    idx = torch.tensor(ids).view(args.batch, args.seq_len + 1)
+    idx = text_batch(args.text, args.tokenizer_file, args.batch, args.seq_len)
     for eps in (float(e) for e in args.eps.split(",")):
         cfg = dataclasses.replace(load_config(args.config).model, n_layers=args.layers, backend="naive", norm_eps=eps)
         torch.manual_seed(0)

@@ -36,6 +36,17 @@ def run_fp64(cfg, state: dict, idx: torch.Tensor) -> dict:
             "grads": {n: p.grad for n, p in model.named_parameters() if p.grad is not None}}
 
 
+def text_batch(path: Path, tokenizer_file: str | None, batch: int, seq_len: int) -> torch.Tensor:
+    """[batch, seq_len + 1] GPT-2 token ids from the start of a text file."""
+    from data.tokenizer import get_tokenizer
+
+    n = batch * (seq_len + 1)
+    ids = get_tokenizer(tokenizer_file).encode_ordinary(path.read_text()[: 20 * n])[:n]
+    if len(ids) < n:
+        raise SystemExit(f"error: {path} holds {len(ids)} tokens, the batch needs {n}")
+    return torch.tensor(ids).view(batch, seq_len + 1)
+
+
 def flat(grads: dict) -> torch.Tensor:
     return torch.cat([g.double().flatten() for _, g in sorted(grads.items())])
 
@@ -54,13 +65,7 @@ def main() -> None:
         torch.manual_seed(0)
         idx = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), device=device)
         if args.text:
-            from data.tokenizer import get_tokenizer
-
-            n = args.batch * (args.seq_len + 1)
-            ids = get_tokenizer(args.tokenizer_file).encode_ordinary(args.text.read_text()[: 20 * n])[:n]
-            if len(ids) < n:
-                raise SystemExit(f"error: {args.text} holds {len(ids)} tokens, the batch needs {n}")
-            idx = torch.tensor(ids, device=device).view(args.batch, args.seq_len + 1)
+            idx = text_batch(args.text, args.tokenizer_file, args.batch, args.seq_len).to(device)
         state = build_model(dataclasses.replace(cfg, backend="naive")).state_dict()
         runs = {"naive fp64": run_fp64(dataclasses.replace(cfg, backend="naive"), state, idx)}
         for backend, bf16 in RUNS:
