@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from config import Config, ConfigError, load_config, save_config, to_dict
 from data.prepare import prepare_split
-from data.sampler import BatchSampler, eval_batches, windows_to_batch
+from data.sampler import BatchSampler, eval_batches, max_eval_batches, windows_to_batch
 from model import build_model
 from ops import BackendError
 from utils.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
@@ -82,7 +82,7 @@ def evaluate(model, store, cfg: Config, accelerator) -> float:
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     world, mb = accelerator.num_processes, cfg.train.micro_batch_size
     batches = list(eval_batches(store, cfg.data.seq_len, mb, cfg.train.eval_batches, world, accelerator.process_index))
-    n_max = -(-len(range(0, min(cfg.train.eval_batches * mb, (len(store) - 1) // cfg.data.seq_len), world)) // mb)
+    n_max = max_eval_batches(store, cfg.data.seq_len, mb, cfg.train.eval_batches, world)
     padding = [(*windows_to_batch(store, [0], cfg.data.seq_len), 0.0)] * (n_max - len(batches))
     for x, y, weight in [(x, y, 1.0) for x, y in batches] + padding:
         _, loss = model(x.to(accelerator.device), y.to(accelerator.device))

@@ -61,12 +61,20 @@ def windows_to_batch(store: TokenStore, windows: list[int], T: int) -> tuple[tor
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
+def _eval_windows(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int) -> int:
+    return min(n_batches * micro_batch, (len(store) - 1) // seq_len)
+
+
 def eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int,
                  world_size: int = 1, rank: int = 0):
     """The first n_batches·micro_batch windows in stream order, this rank's share, batched: the same
     windows whatever the world size, so validation losses compare across GPU counts."""
-    n_windows = (len(store) - 1) // seq_len
-    total = min(n_batches * micro_batch, n_windows)
-    mine = list(range(rank, total, world_size))
+    mine = list(range(rank, _eval_windows(store, seq_len, micro_batch, n_batches), world_size))
     for i in range(0, len(mine), micro_batch):
         yield windows_to_batch(store, mine[i:i + micro_batch], seq_len)
+
+
+def max_eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int, world_size: int = 1) -> int:
+    """The most batches eval_batches gives any rank (rank 0's share is never smaller than another's)."""
+    share = len(range(0, _eval_windows(store, seq_len, micro_batch, n_batches), world_size))
+    return -(-share // micro_batch)

@@ -6,7 +6,7 @@ import pytest
 
 from data.config import DataConfig, SyntheticConfig
 from data.prepare import prepare_split
-from data.sampler import BatchSampler, eval_batches
+from data.sampler import BatchSampler, eval_batches, max_eval_batches
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +63,6 @@ def test_eval_batches_split_across_ranks(store):
     three = [x for r in range(3) for x, _ in eval_batches(store, 16, 2, 3, world_size=3, rank=r)]
     rows = lambda bs: sorted(tuple(r.tolist()) for b in bs for r in b)  # noqa: E731
     assert len(rows(one)) == 6 and rows(one) == rows(two) == rows(three)
+    for world in (1, 2, 3, 4):                                   # rank 0 has the most batches
+        got = [len(list(eval_batches(store, 16, 2, 3, world_size=world, rank=k))) for k in range(world)]
+        assert max_eval_batches(store, 16, 2, 3, world) == max(got) == got[0]
