@@ -34,6 +34,30 @@ def _load_rows_t(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D:
 
 
 @triton.jit
+def _diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """A diagonal sub-block, unscaled, fp32 [BC, BC]: Σ_d q_id k_jd exp(b_id − b_jd) for rows
+    i ≥ j of t0 + [0, BC), 0 elsewhere; elementwise, column by column, so no exponent is positive."""
+    o_c = tl.arange(0, BC)
+    o_i = t0 + o_c
+    m_i = o_i < T
+    b_A = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+        b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+        for j in range(BC):
+            t_j = t0 + j
+            m_jk = m_k & ((o_k * 0 + t_j) < T)
+            b_kj = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_bj = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+            live = (o_c >= j)[:, None] & m_i[:, None]
+            e = tl.exp(tl.where(live, b_bi - b_bj[None, :], float("-inf")))
+            b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * e, axis=1)[:, None], 0.0)
+    return b_A
+
+
+@triton.jit
 def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
     i_t, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -71,21 +95,7 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
                 b_kgt = b_kt * tl.exp(b_br[:, None] - b_bjt)
                 b_A += tl.dot(b_qg, b_kgt, input_precision=PREC)
         else:
-            o_c = tl.arange(0, BC)
-            for i_k in range(tl.cdiv(K, BK)):
-                o_k = i_k * BK + tl.arange(0, BK)
-                m_k = o_k < K
-                b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-                b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
-                for j in range(BC):
-                    t_j = i_t * BT + i_j * BC + j
-                    m_jk = m_k & ((o_k * 0 + t_j) < T)
-                    b_kj = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-                    b_bj = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
-                    live = (o_c >= j)[:, None] & m_i[:, None]
-                    e = tl.exp(tl.where(live, b_bi - b_bj[None, :], float("-inf")))
-                    col = tl.sum(b_q * b_kj[None, :] * e, axis=1)
-                    b_A += tl.where(o_c[None, :] == j, col[:, None], 0.0)
+            b_A = _diag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, T, H, K, BC, BK)
     tl.store(A + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_j * BC + tl.arange(0, BC))[None, :],
              (b_A * scale).to(A.dtype.element_ty), mask=m_i[:, None])
 

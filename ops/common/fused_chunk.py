@@ -9,7 +9,7 @@ S̃ is built one key block J (BC rows) at a time, never with a positive exponent
 - rows below block J (i > last row ℓ of J): factorised around ℓ, q_i ⊙ exp(b_i − b_ℓ) against
   k_j ⊙ exp(b_ℓ − b_j); both factors ≤ 1 since b is non-increasing. One [C, BC] dot per K tile
   covers every such row, where chunk_intra.py factorises per (row block, key block) pair.
-- inside block J (j ≤ i, both in J): elementwise exp(b_i − b_j), column by column, then moved to
+- inside block J (j ≤ i, both in J): chunk_intra.py's elementwise _diag_scores, then moved to
   the block's rows of o through a [C, BC] 0/1 selection matrix (a tensor-core dot; Triton cannot
   assign into a slice of a tile).
 Not yet a backend: it needs the H100 checks of ../shared/GPU.md (tests/ops/test_fused_chunk.py runs
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _load_rows, _load_rows_t
+from ops.common.chunk_intra import _diag_scores, _load_rows, _load_rows_t
 from ops.common.tiles import dot_precision, tile
 
 
@@ -54,7 +54,6 @@ def fused_chunk_fwd_kernel(q, k, v, b, h, o, scale, T, NT, H: tl.constexpr, K: t
             last = tl.minimum(j0 + BC, T) - 1                          # ℓ: block J's last valid row
             b_vj = _load_rows(v, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
             b_s = tl.zeros([BT, BC], dtype=tl.float32)                 # rows below J
-            b_d = tl.zeros([BC, BC], dtype=tl.float32)                 # inside J
             below = (o_c >= (i_j + 1) * BC) & m_t
             for i_k in range(tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
@@ -67,16 +66,7 @@ def fused_chunk_fwd_kernel(q, k, v, b, h, o, scale, T, NT, H: tl.constexpr, K: t
                 b_qg = b_q * tl.exp(tl.where(below[:, None], b_bq - b_bl[None, :], float("-inf")))
                 b_kg = b_kt * tl.exp(tl.where(m_j[None, :], b_bl[:, None] - b_bjt, float("-inf")))
                 b_s += tl.dot(b_qg, b_kg, input_precision=PREC)
-                b_qj = _load_rows(q, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
-                b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                for jj in range(BC):
-                    t_j = j0 + jj
-                    m_jk = m_k & ((o_k * 0 + t_j) < T)
-                    b_k1 = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-                    b_b1 = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
-                    live = (o_s >= jj)[:, None] & m_j[:, None]
-                    col = tl.sum(b_qj * b_k1[None, :] * tl.exp(tl.where(live, b_bj - b_b1[None, :], float("-inf"))), 1)
-                    b_d += tl.where(o_s[None, :] == jj, col[:, None], 0.0)
+            b_d = _diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                         # inside J
             b_o += tl.dot((b_s * scale).to(b_vj.dtype), b_vj, input_precision=PREC)
             b_dv = tl.dot((b_d * scale).to(b_vj.dtype), b_vj, input_precision=PREC)                 # [BC, BV]
             select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
