@@ -76,17 +76,17 @@ def resolve_precision(p: str) -> str:
 @torch.no_grad()
 def evaluate(model, store, cfg: Config, accelerator) -> float:
     """Mean token loss over the split's first train.eval_batches·micro_batch_size windows, shared
-    among the ranks. Every rank runs the same number of forwards (a rank with fewer windows repeats
-    one at weight 0): under FSDP each forward gathers parameters from all ranks."""
+    among the ranks. Every rank runs the same number of forwards (a rank with fewer windows runs
+    extra ones it does not count): under FSDP each forward gathers parameters from all ranks."""
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    world, mb = accelerator.num_processes, cfg.train.micro_batch_size
-    batches = list(eval_batches(store, cfg.data.seq_len, mb, cfg.train.eval_batches, world, accelerator.process_index))
-    n_max = max_eval_batches(store, cfg.data.seq_len, mb, cfg.train.eval_batches, world)
-    padding = [(*windows_to_batch(store, [0], cfg.data.seq_len), 0.0)] * (n_max - len(batches))
-    for x, y, weight in [(x, y, 1.0) for x, y in batches] + padding:
+    T, mb, n, world = cfg.data.seq_len, cfg.train.micro_batch_size, cfg.train.eval_batches, accelerator.num_processes
+    mine = list(eval_batches(store, T, mb, n, world, accelerator.process_index))
+    pad = max_eval_batches(store, T, mb, n, world) - len(mine)
+    for i, (x, y) in enumerate(mine + [windows_to_batch(store, [0], T)] * pad):
         _, loss = model(x.to(accelerator.device), y.to(accelerator.device))
-        total += weight * torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
+        if i < len(mine):
+            total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
     model.train()
     total = accelerator.reduce(total, reduction="sum")
     return (total[0] / total[1]).item()
