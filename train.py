@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML preset under configs/")
     p.add_argument("--backend", help="kernel backend for every op (shorthand for --model.backend)")
+    p.add_argument("--fuse", help="with --backend fused: the fused components to use, e.g. chunk or "
+                                  "state,chunk (default: all the ops have; shorthand for --model.fuse)")
     p.add_argument("--resume", nargs="?", const="latest", default=None,
                    help="continue from the run's latest checkpoint, or from the checkpoint PATH")
     return p.parse_known_args(argv)
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = load_config(args.config, overrides)
     if args.backend:
         cfg.model.backend = args.backend
+    if args.fuse:
+        cfg.model.fuse = args.fuse
     tc = cfg.train
     precision = resolve_precision(tc.precision)
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import ModelConfig
+from ops import BackendError, fused_label, get_op, parse_fuse
 
 
 class RMSNorm(nn.Module):
@@ -71,6 +72,16 @@ def init_ssm_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
         A_log.copy_(torch.empty_like(A_log).uniform_(1, 16).log())
         dt = torch.empty_like(dt_bias).uniform_(math.log(1e-3), math.log(0.1)).exp()
         dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))                   # inverse softplus
+
+
+def resolve_op(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
+    """`op` on cfg.backend with cfg.fuse's components, and the label the run log records for it
+    (`fused[chunk]` names what is actually fused). Mixers call this once, when constructed."""
+    fuse = parse_fuse(cfg.fuse)
+    if fuse is not None and "proj" in fuse:
+        raise BackendError("the fused 'proj' component (issue [H], the projection chain) is not implemented "
+                           "yet; drop it from --fuse")
+    return get_op(op, cfg.backend, fuse), fused_label(op, cfg.backend, fuse)
 
 
 class CausalLM(nn.Module):

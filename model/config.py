@@ -8,6 +8,7 @@ from dataclasses import dataclass
 class ModelConfig:
     family: str = "gla"                # gla | gated_deltanet | mamba2 | gpt2 (see model.FAMILIES)
     backend: str = "naive"             # kernel backend of every op (ops.BACKENDS)
+    fuse: str = ""                     # backend fused only: components to fuse, e.g. "chunk" ("" = all it has)
     vocab_size: int = 50257
     d_model: int = 768
     n_layers: int = 12

@@ -11,9 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_
+from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_, resolve_op
 from model.config import ModelConfig
-from ops import get_op
 
 
 class GatedDeltaNetMixer(nn.Module):
@@ -35,8 +34,8 @@ class GatedDeltaNetMixer(nn.Module):
         self.o_norm = RMSNorm(V, cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
-        self.gated_delta = get_op("gated_delta", cfg.backend)
-        self.resolved_ops = {"gated_delta": cfg.backend}
+        self.gated_delta, label = resolve_op(cfg, "gated_delta")
+        self.resolved_ops = {"gated_delta": label}
 
     def init_extra(self) -> None:
         init_ssm_decay_(self.A_log, self.dt_bias)

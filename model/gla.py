@@ -10,9 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm
+from model.common import CausalLM, RMSNorm, resolve_op
 from model.config import ModelConfig
-from ops import get_op
 
 
 class GLAMixer(nn.Module):
@@ -29,8 +28,8 @@ class GLAMixer(nn.Module):
         self.o_norm = RMSNorm(V, cfg.norm_eps)                              # per head, weight shared by heads
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
-        self.gla = get_op("gla", cfg.backend)
-        self.resolved_ops = {"gla": cfg.backend}
+        self.gla, label = resolve_op(cfg, "gla")
+        self.resolved_ops = {"gla": label}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [B, T, d] → [B, T, d]."""

@@ -15,9 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM
+from model.common import CausalLM, resolve_op
 from model.config import ModelConfig
-from ops import get_op
 
 
 class GeluMLP(nn.Module):
@@ -40,8 +39,8 @@ class MHA(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.proj.residual_out = True
-        self.attention = get_op("attention", cfg.backend)
-        self.resolved_ops = {"attention": cfg.backend}
+        self.attention, label = resolve_op(cfg, "attention")
+        self.resolved_ops = {"attention": label}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -69,8 +68,8 @@ class RAMLA(nn.Module):
         self.alpha_init = cfg.ra_alpha
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)                      # W_o
         self.proj.residual_out = True
-        self.ramla = get_op("ramla", cfg.backend)
-        self.resolved_ops = {"ramla": cfg.backend}
+        self.ramla, label = resolve_op(cfg, "ramla")
+        self.resolved_ops = {"ramla": label}
 
     def init_extra(self) -> None:
         """Variance-preserving latent maps: q_lat and the up-projected context keep unit scale."""

@@ -11,9 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_
+from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_op
 from model.config import ModelConfig
-from ops import get_op
 
 
 class Mamba2Mixer(nn.Module):
@@ -33,8 +32,8 @@ class Mamba2Mixer(nn.Module):
         self.norm = RMSNorm(d_inner, cfg.norm_eps)
         self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=False)
         self.out_proj.residual_out = True
-        self.ssd = get_op("ssd", cfg.backend)
-        self.resolved_ops = {"ssd": cfg.backend}
+        self.ssd, label = resolve_op(cfg, "ssd")
+        self.resolved_ops = {"ssd": label}
 
     def init_extra(self) -> None:
         init_ssm_decay_(self.A_log, self.dt_bias)

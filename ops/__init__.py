@@ -6,6 +6,10 @@
 All backends of an op share one signature (tests/ops/test_registry.py checks it). A backend that is
 missing or cannot run here raises BackendError naming the op, the backend and the remedy; there
 is never a silent fallback to another backend.
+
+The `fused` backend is built from components (DESIGN §4) that `--fuse` switches one by one for
+ablations: `get_op(op, "fused", fuse={"chunk"})`. A fused op module lists the components it has in
+COMPONENTS and builds the op for a subset with build(fuse); asking for one it lacks is an error.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 BACKENDS = ("naive", "chunk", "fused", "fla")
+FUSE_COMPONENTS = ("proj", "state", "chunk")   # DESIGN §4; `proj` lives in the model, the others in ops
 _ROOT = Path(__file__).parent
 
 
@@ -30,8 +35,21 @@ def list_backends(op: str) -> list[str]:
     return [b for b in BACKENDS if (_ROOT / op / f"{b}.py").is_file()]
 
 
-def get_op(op: str, backend: str) -> Callable:
-    """The function implementing `op` on `backend`, after checking it can run on this machine."""
+def parse_fuse(spec: str | None) -> frozenset[str] | None:
+    """`--fuse proj,chunk` → {"proj", "chunk"}; None or "" → None (every component a fused op has)."""
+    if not spec:
+        return None
+    names = frozenset(s.strip() for s in spec.split(",") if s.strip())
+    unknown = sorted(names - set(FUSE_COMPONENTS))
+    if unknown:
+        raise BackendError(f"unknown fused component(s) {', '.join(unknown)} in --fuse; components: "
+                           f"{', '.join(FUSE_COMPONENTS)}")
+    return names
+
+
+def get_op(op: str, backend: str, fuse: frozenset[str] | None = None) -> Callable:
+    """The function implementing `op` on `backend`, after checking it can run on this machine.
+    fuse (backend `fused` only): the components to fuse, None for all that the op has."""
     if op not in list_ops():
         raise BackendError(f"unknown op {op!r}; ops: {', '.join(list_ops())}")
     if backend not in BACKENDS:
@@ -44,7 +62,24 @@ def get_op(op: str, backend: str) -> Callable:
     check = getattr(module, "check_available", None)
     if check is not None:
         check()
-    return getattr(module, op)
+    if fuse is None:
+        return getattr(module, op)
+    if backend != "fused":
+        raise BackendError(f"op {op!r}: --fuse chooses components of the 'fused' backend, but the backend is "
+                           f"{backend!r}; add --backend fused or drop --fuse")
+    lacking = sorted((fuse - {"proj"}) - set(module.COMPONENTS))
+    if lacking:
+        raise BackendError(f"op {op!r}, backend 'fused': no fused {', '.join(lacking)} component yet "
+                           f"(ops/{op}/fused.py has: {', '.join(module.COMPONENTS)}); drop it from --fuse")
+    return module.build(fuse)
+
+
+def fused_label(op: str, backend: str, fuse: frozenset[str] | None) -> str:
+    """The backend as the run log records it: `fused[chunk]` names the components actually fused."""
+    if backend != "fused":
+        return backend
+    have = importlib.import_module(f"ops.{op}.fused").COMPONENTS
+    return f"fused[{','.join(c for c in have if fuse is None or c in fuse)}]"
 
 
 def require_fla(op: str) -> None:

@@ -106,5 +106,8 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_missing_backend_is_a_clear_error(tmp_path):
-    with pytest.raises(BackendError, match="op 'gla' has no 'fused' backend"):
-        train.main(tiny(tmp_path, "b") + ["--backend", "fused"])
+    with pytest.raises(BackendError, match="op 'gla', backend 'fused': no fused state component"):
+        train.main(tiny(tmp_path, "b") + ["--backend", "fused", "--fuse", "state"])
+    with pytest.raises(BackendError, match="op 'ssd' has no 'fused' backend"):
+        train.main(tiny(tmp_path, "c") + ["--backend", "fused", "--model.family=mamba2", "--model.ssm_head_dim=8",
+                                          "--model.ssm_state=8"])

@@ -1,5 +1,5 @@
-"""Model-level equivalence across backends (STYLE.md §9): the same weights and batch on `chunk` and on
-`naive` give the same loss, logits and parameter gradients — exactly in fp32 (CPU, Triton
+"""Model-level equivalence across backends (STYLE.md §9): the same weights and batch on `chunk` (and
+`fused`, GLA) and on `naive` give the same loss, logits and parameter gradients — exactly in fp32 (CPU, Triton
 interpreter), and within twice PyTorch's own bf16 error in bf16 (GPU, eval/equivalence.py)."""
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the fp32 check runs on CPU; the GPU runs the bf16 one")
-@pytest.mark.parametrize("family", list(TINY))
-def test_chunk_model_equals_naive_in_fp32(family):
+@pytest.mark.parametrize("family,backend", [(f, "chunk") for f in TINY] + [("gla", "fused")])
+def test_triton_model_equals_naive_in_fp32(family, backend):
     """T = 70: one full chunk and a ragged one. fp32 Triton (no TF32) against the fp32 naive model."""
     cfg = ModelConfig(family=family, vocab_size=61, n_layers=2, mlp_hidden=64, **TINY[family])
-    errs = compare(cfg, ["chunk"], batch=2, seq_len=70, device="cpu")["chunk"]
+    errs = compare(cfg, [backend], batch=2, seq_len=70, device="cpu")[backend]
     assert abs(errs["loss"]) < 1e-5 and errs["logits"] < 1e-5
     bad = {n: e for n, e in errs["grads"].items() if not e < 1e-4}
     assert not bad, bad
@@ -32,9 +32,10 @@ def test_chunk_model_equals_naive_in_fp32(family):
                                          ("gated_deltanet", dict(d_model=768, n_heads=6, head_k_dim=128, head_v_dim=128)),
                                          ("mamba2", dict(d_model=768))],
                          ids=["gla_125m", "gla_340m", "gdn_125m", "mamba2_130m"])
-def test_chunk_model_matches_naive_in_bf16(family, dims):
-    """Two layers of the preset's width at T = 2048 under bf16 autocast."""
+def test_triton_model_matches_naive_in_bf16(family, dims):
+    """Two layers of the preset's width at T = 2048 under bf16 autocast (GLA: chunk and fused)."""
     cfg = ModelConfig(family=family, n_layers=2, **dims)
-    errs = compare(cfg, ["chunk"], batch=2, seq_len=2048, device="cuda")
-    bad = within_bf16_bound(errs, "chunk")
-    assert not bad, bad
+    backends = ["chunk", "fused"] if family == "gla" else ["chunk"]
+    errs = compare(cfg, backends, batch=2, seq_len=2048, device="cuda")
+    bad = {b: within_bf16_bound(errs, b) for b in backends}
+    assert not any(bad.values()), bad

@@ -1,16 +1,18 @@
-"""The fused output kernel (ops/common/fused_chunk.py) against the two `chunk` stages it replaces,
-chunk_intra_fwd then chunk_fwd_o (each tested against its reference and, through the op, naive):
-ragged T, T < C, several K and V tiles, every chunk size, and decays from none to −50 per step."""
+"""The fused chunk kernels (ops/common/fused_chunk.py) against the `chunk` stages each replaces
+(every one tested against its reference and, through the op, naive): the output against
+chunk_intra_fwd + chunk_fwd_o, dv against chunk_bwd_dv given A, and dq, dk, db against
+chunk_bwd_dA + chunk_intra_bwd + chunk_bwd_dqkb. Ragged T, T < C, several K and V tiles, every
+chunk size, and decays from none to −50 per step. The whole op is tested in test_gla.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ops.common.chunk_h import chunk_fwd_h
-from ops.common.chunk_intra import chunk_intra_fwd
-from ops.common.chunk_o import chunk_fwd_o
+from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
+from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
+from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o
 from ops.common.cumsum import chunk_cumsum
-from ops.common.fused_chunk import fused_chunk_fwd
+from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
 from tests.helpers import rel_err
 
 # B, T, H, K, V, C
@@ -20,33 +22,66 @@ GATES = {"realistic": lambda s: -torch.rand(s) * 3 / 8, "none": lambda s: torch.
          "extreme": lambda s: -torch.rand(s) * 50, "mixed": lambda s: torch.where(torch.rand(s) < 0.5, -1e-4, -50.0)}
 
 
-def run(case, gate, dtype, device):
+def make(case, gate, dtype, device):
     B, T, H, K, V, C = case
     torch.manual_seed(0)
     g = GATES[gate]((B, T, H, K)).to(device)
     q, k = (torch.randn(B, T, H, K, device=device).to(dtype) for _ in range(2))
-    v = torch.randn(B, T, H, V, device=device).to(dtype)
-    h0 = torch.randn(B, H, K, V, device=device)
+    v, do = (torch.randn(B, T, H, V, device=device).to(dtype) for _ in range(2))
     b = chunk_cumsum(g, C)
-    h, _ = chunk_fwd_h(k, v, b, h0, False, C)
-    scale = K ** -0.5
+    h, _ = chunk_fwd_h(k, v, b, torch.randn(B, H, K, V, device=device), False, C)
+    dh, _ = chunk_bwd_dh(q, do, b, torch.randn(B, H, K, V, device=device), False, K ** -0.5, C)
+    return q, k, v, b, h, do, dh, K ** -0.5, C
+
+
+def fwd_pair(q, k, v, b, h, do, dh, scale, C):
     return fused_chunk_fwd(q, k, v, b, h, scale, C), chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b, scale, C), scale, C)
+
+
+def dv_pair(q, k, v, b, h, do, dh, scale, C):
+    return (fused_chunk_bwd_dv(q, k, b, do, dh, scale, C),
+            chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b, scale, C), do, dh, C))
+
+
+def dqk_pair(q, k, v, b, h, do, dh, scale, C):
+    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v, C), scale, C)
+    return (fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C),
+            chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C))
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("gate", list(GATES))
-def test_fused_output_equals_intra_then_output(case, gate, device, poison_empty):
-    got, want = run(case, gate, torch.float32, device)
+def test_fused_kernels_equal_the_chunk_stages(case, gate, device, poison_empty):
+    inputs = make(case, gate, torch.float32, device)
+    got, want = fwd_pair(*inputs)
     assert got.dtype == want.dtype and torch.isfinite(got).all()
-    assert rel_err(got, want) < 1e-5
+    assert rel_err(got, want) < 1e-5, "o"
+    got, want = dv_pair(*inputs)
+    assert got.dtype == want.dtype and rel_err(got, want) < 1e-5, "dv"
+    for name, x, y in zip(("dq", "dk", "db"), *dqk_pair(*inputs)):
+        assert x.dtype == y.dtype and torch.isfinite(x).all() and rel_err(x, y) < 1e-5, name
 
 
+def test_chunk_size_256(device, poison_empty):
+    inputs = make((1, 300, 1, 16, 24, 256), "realistic", torch.float32, device)
+    for pair in (fwd_pair, dv_pair):
+        assert rel_err(*pair(*inputs)) < 1e-5
+    got, want = dqk_pair(*inputs)
+    assert all(rel_err(x, y) < 1e-5 for x, y in zip(got, want))
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tensor-core paths need a CUDA GPU")
-@pytest.mark.parametrize("case", [(16, 2048, 12, 64, 64, 64), (8, 2048, 4, 256, 512, 64), (2, 1000, 3, 60, 100, 64)],
-                         ids=["mve", "340m", "odd"])
-def test_fused_output_bf16_full_shapes(case):
-    got, want = run(case, "realistic", torch.bfloat16, "cuda")
-    assert rel_err(got, want) < 1e-2
+@pytest.mark.parametrize("case", [(16, 2048, 12, 64, 64, 64), (8, 2048, 4, 256, 512, 64), (2, 1000, 3, 60, 100, 64),
+                                  (2, 1000, 3, 64, 64, 32), (2, 1000, 3, 64, 64, 128), (2, 1000, 3, 64, 64, 256)],
+                         ids=["mve", "340m", "odd", "C32", "C128", "C256"])
+def test_fused_kernels_bf16_full_shapes(case):
+    """bf16 on the GPU: the stages agree to bf16 rounding (both accumulate in fp32, in different orders)."""
+    inputs = make(case, "realistic", torch.bfloat16, "cuda")
+    assert rel_err(*fwd_pair(*inputs)) < 1e-2, "o"
+    assert rel_err(*dv_pair(*inputs)) < 1e-2, "dv"
+    for name, x, y in zip(("dq", "dk", "db"), *dqk_pair(*inputs)):
+        assert rel_err(x, y) < 1e-2, name
 
 
 def test_scalar_decay_is_refused():

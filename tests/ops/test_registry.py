@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from ops import BACKENDS, BackendError, get_op, list_backends, list_ops
+from ops import BACKENDS, BackendError, fused_label, get_op, list_backends, list_ops, parse_fuse
 
 
 def test_every_op_has_an_oracle():
@@ -36,10 +36,41 @@ def test_unknown_backend_lists_backends():
 
 
 def test_missing_backend_names_op_backend_and_remedy():
-    missing = [b for b in BACKENDS if b not in list_backends("gla")]
-    assert missing, "every backend exists: replace this test's example"
-    with pytest.raises(BackendError, match=f"op 'gla' has no '{missing[0]}' backend.*--backend"):
-        get_op("gla", missing[0])
+    missing = [(op, b) for op in list_ops() for b in BACKENDS if b not in list_backends(op)]
+    assert missing, "every op has every backend: replace this test's example"
+    op, backend = missing[0]
+    with pytest.raises(BackendError, match=f"op '{op}' has no '{backend}' backend.*--backend"):
+        get_op(op, backend)
+
+
+def test_fuse_components_select_the_fused_op():
+    from ops.gla import chunk, fused
+
+    assert get_op("gla", "fused") is fused.gla
+    assert get_op("gla", "fused", parse_fuse("chunk")) is fused.gla
+    assert get_op("gla", "fused", frozenset()) is chunk.gla            # nothing fused: the ablation baseline
+    assert fused_label("gla", "fused", None) == "fused[chunk]"
+    assert fused_label("gla", "fused", frozenset()) == "fused[]"
+    assert fused_label("gla", "chunk", None) == "chunk"
+
+
+def test_fuse_errors_name_the_component_and_the_remedy():
+    with pytest.raises(BackendError, match="unknown fused component.*warp.*components: proj, state, chunk"):
+        parse_fuse("chunk,warp")
+    with pytest.raises(BackendError, match="op 'gla'.*no fused state component.*drop it from --fuse"):
+        get_op("gla", "fused", parse_fuse("state,chunk"))
+    with pytest.raises(BackendError, match="op 'gla'.*backend is 'chunk'.*--backend fused"):
+        get_op("gla", "chunk", parse_fuse("chunk"))
+
+
+def test_model_refuses_an_unbuilt_proj_component():
+    from model import build_model
+    from model.config import ModelConfig
+
+    cfg = ModelConfig(family="gla", backend="fused", fuse="proj,chunk", d_model=32, n_layers=1, n_heads=2,
+                      head_k_dim=8, head_v_dim=8, vocab_size=64)
+    with pytest.raises(BackendError, match="'proj' component.*not implemented.*drop it from --fuse"):
+        build_model(cfg)
 
 
 def test_fla_backend_unavailable_is_an_error(monkeypatch):
