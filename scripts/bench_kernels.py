@@ -176,17 +176,22 @@ def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
     return row
 
 
-def plan_floor_ms(case: Case, backend: str) -> float | None:
-    """The data-movement model's forward floor for this backend's kernel plan (ops/common/movement.py),
-    where it has one: chunk's for GLA and SSD (B, C expanded per head, as ops/ssd/chunk.py does)."""
-    from ops.common.movement import H100, Shape, chunk_plan
+def plan_floor_ms(case: Case, backend: str) -> tuple[float, float | None] | None:
+    """The data-movement model's floors (ops/common/movement.py, H100) for this backend's own kernel
+    plan, forward and forward+backward, where it has them: chunk and fused for GLA (the fused forward
+    at the tiles the model picks for it), chunk's forward for SSD (B, C expanded per head, as
+    ops/ssd/chunk.py does)."""
+    from ops.common.movement import H100, Shape, choose, chunk_bwd_plan, chunk_plan, fused_bwd_plan
 
     d = case.dims
-    if backend != "chunk" or case.op not in ("gla", "ssd"):
-        return None
-    s = Shape(d["B"], d["T"], d["H"], d["K"], d["V"]) if case.op == "gla" else \
-        Shape(d["B"], d["T"], d["H"], d["N"], d["P"], scalar_decay=True)
-    return chunk_plan(s).floor_s(H100) * 1e3
+    if case.op == "gla" and backend in ("chunk", "fused"):
+        s = Shape(d["B"], d["T"], d["H"], d["K"], d["V"])
+        fwd = chunk_plan(s) if backend == "chunk" else choose(s, H100, v_inner=(False,))[0]
+        bwd = chunk_bwd_plan(s) if backend == "chunk" else fused_bwd_plan(s)
+        return fwd.floor_s(H100) * 1e3, (fwd.floor_s(H100) + bwd.floor_s(H100)) * 1e3
+    if case.op == "ssd" and backend == "chunk":
+        return chunk_plan(Shape(d["B"], d["T"], d["H"], d["N"], d["P"], scalar_decay=True)).floor_s(H100) * 1e3, None
+    return None
 
 
 def environment() -> dict:
@@ -236,12 +241,19 @@ def to_markdown(rows: list[dict], env: dict, command: str, notes: list[str]) -> 
         lines.append(f"| {r['op']} | {r['shape']} ({dims}) | {r['backend']} | {r['check']} | {r['fwd_ms']:.3f} | "
                      f"{r['fwdbwd_ms']:.3f} | {sp[0]} | {sp[1]} | {r['fwd_tflops']:.1f} | {r['fwd_gbs']:.0f} | "
                      f"{r['fwd_floor_ms']:.3f} / {r['fwdbwd_floor_ms']:.3f}"
-                     + (f"; plan {r['plan_floor_ms']:.3f}" if r.get("plan_floor_ms") else "") + " |")
+                     + plan_text(r.get("plan_floor_ms")) + " |")
     lines += ["", f"Ceilings: {PEAK_TFLOPS:.0f} TFLOP/s bf16, {PEAK_GBS:.0f} GB/s. FLOPs are the chunkwise "
               "algorithm's (C = 64); fwd+bwd counts 3× forward. fla/this > 1 means this backend is faster. "
-              "Floor: every input read and every output written once; plan: the forward floor of the backend's "
-              "own kernels (ops/common/movement.py, H100)."]
+              "Floor: every input read and every output written once; plan: the floor of the backend's own "
+              "kernels, forward / forward+backward (ops/common/movement.py, H100)."]
     return "\n".join(lines) + "\n"
+
+
+def plan_text(plan) -> str:
+    if not plan:
+        return ""
+    fwd, fwdbwd = plan
+    return f"; plan {fwd:.3f}" + (f" / {fwdbwd:.3f}" if fwdbwd is not None else "")
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -122,7 +122,8 @@ def run_row(config: str, backend: str, args) -> dict:
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
         err = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {**row, "status": "OOM" if "OutOfMemory" in p.stderr else "error", "why": err[:300]}
+        status = "OOM" if "OutOfMemory" in p.stderr else "n/a" if "BackendError" in p.stderr else "error"
+        return {**row, "status": status, "why": err[:300]}
     return json.loads(lines[-1])
 
 

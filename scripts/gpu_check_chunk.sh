@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The chunk backend on the GPU: ops tests at small and full shapes (bf16), model-level equivalence
+# The chunk and fused backends on the GPU: ops tests at small and full shapes (bf16), model-level equivalence
 # (EQUIV=configs), parity runs (PARITY=1, scripts/parity.py), then the kernel benchmark (SKIP_BENCH=1:
 # none). GRADS="configs..." first runs scripts/debug_model_grads.py on them.
 #   bash scripts/gpu_check_chunk.sh [bench_kernels.py args...]
@@ -23,7 +23,7 @@ if [ -n "${EQUIV:-}" ]; then    # model-level loss/logits/gradients of chunk and
   for cfg in $EQUIV; do
     timeout 200 python3 -c "import sys, runpy
 import fla.ops.common.chunk_o as c; c.TRITON_ABOVE_3_7_1 = True   # fla's backward: diagnostic only (GPU.md)
-runpy.run_module('eval.equivalence', run_name='__main__')" --config "$cfg" --backends chunk,fla 2>&1 | tee -a "$OUT/equivalence.log"
+runpy.run_module('eval.equivalence', run_name='__main__')" --config "$cfg" --backends "${EQUIV_BACKENDS:-chunk,fla}" 2>&1 | tee -a "$OUT/equivalence.log"
   done
 fi
 if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps per backend from the same init on the same data

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ops.common.chunk_intra import _diag_scores, _load_rows, _load_rows_t
+from ops.common.movement import kernel_tiles
 from ops.common.tiles import dot_precision, tile
 
 
@@ -81,18 +82,29 @@ def fused_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.
                     scale: float, chunk_size: int, sub_chunk: int = 16, **launch) -> torch.Tensor:
     """q, k, b: [B, T, H, K] (b fp32, the chunk-local cumsum of the log-decay, per key dim);
     v: [B, T, H, V]; h: [B, NT, H, K, V] the state entering each chunk (chunk_h.chunk_fwd_h).
-    Returns o [B, T, H, V] in v's dtype, equal to chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b))."""
+    Returns o [B, T, H, V] in v's dtype, equal to chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b)).
+    Tiles and launch come from the data-movement model (movement.kernel_tiles); launch may override
+    BK, BV, num_warps, num_stages (sweeps)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if b.shape[-1] != K:
         raise ValueError(f"fused_chunk_fwd takes a per-key-dim decay [B, T, H, {K}]; a scalar decay already "
                          "forms A inside chunk_o.chunk_fwd_o_scalar")
-    BC, BK, BV = min(sub_chunk, chunk_size), tile(K), tile(V)
+    t = kernel_tiles(B, T, H, K, V, chunk_size, v.element_size(), device_model(q.device))
+    BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", t.BK), launch.pop("BV", t.BV)
     o = torch.empty_like(v)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     fused_chunk_fwd_kernel[grid](q, k, v, b, h, o, scale, T, h.shape[1], H, K, V, chunk_size, BC, BK, BV,
-                                 dot_precision(v), **launch)
+                                 dot_precision(v), **(dict(num_warps=t.num_warps, num_stages=t.num_stages) | launch))
     return o
+
+
+def device_model(device: torch.device) -> str:
+    """Which of movement.py's device budgets to plan tiles for: sm80 gets the A100's, anything else
+    (sm90, and the interpreter) the H100's."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (8, 0):
+        return "A100"
+    return "H100"
 
 
 @triton.jit
@@ -159,10 +171,10 @@ def _row(x, j, BC: tl.constexpr):
 def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, H: tl.constexpr,
                                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
                                BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    """dq, dk, db for one K tile of one chunk: the state terms (do h_nᵀ, v dh_{n+1}ᵀ, as
-    chunk_o.chunk_bwd_dqkb) plus the intra-chunk terms from dA = do vᵀ, formed here one key block
-    J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in the
-    forward. Each block's contributions reach the chunk-wide accumulators through 0/1 selection dots."""
+    """dq, dk, db for one K tile of one chunk: the intra-chunk terms from dA = do vᵀ, formed here one
+    key block J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in
+    the forward, then the state terms (do h_nᵀ, v dh_{n+1}ᵀ, as chunk_o.chunk_bwd_dqkb). Each key
+    block's contributions reach the chunk-wide accumulators through 0/1 selection dots."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, BT)
@@ -172,28 +184,9 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     chunk_last = tl.minimum(i_t * BT + BT, T) - 1
-    b_dq_in = tl.zeros([BT, BK], dtype=tl.float32)          # do h_nᵀ
-    b_dk_in = tl.zeros([BT, BK], dtype=tl.float32)          # v dh_{n+1}ᵀ
-    b_hdh = tl.zeros([BK], dtype=tl.float32)                # Σ_v h_n ⊙ dh_{n+1}
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
-        m_vk = m_v[:, None] & m_k[None, :]
-        b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
-        b_dht = tl.load(dh + p_state_t, mask=m_vk, other=0.0)
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_dq_in += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC)
-        b_dk_in += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC)
-        b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
     b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_b = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-    b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    b_dq_in *= tl.exp(b_b) * scale
-    b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
-    tail = b_hdh * tl.exp(b_bL) + tl.sum(b_k * b_dk_in, axis=0)  # the chunk's last row's extra terms
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)             # intra-chunk, unscaled
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     o_s = tl.arange(0, BC)
@@ -238,8 +231,30 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
             select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
             b_dq += tl.dot(select, b_dqj, input_precision="ieee")
             b_dk += tl.dot(select, b_dkj, input_precision="ieee")
-    b_dq = b_dq * scale + b_dq_in
-    b_dk = b_dk * scale + b_dk_in
+    # the state terms go straight into the accumulators, so no second pair of [BT, BK] fp32 tiles
+    # stays live through the key-block loop above
+    b_dq *= scale
+    b_dk *= scale
+    b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    e_q = tl.exp(b_b) * scale
+    e_k = tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
+    b_hdh = tl.zeros([BK], dtype=tl.float32)                # Σ_v h_n ⊙ dh_{n+1}
+    b_kdk = tl.zeros([BK], dtype=tl.float32)                # Σ_rows k ⊙ (the state part of dk)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
+        m_vk = m_v[:, None] & m_k[None, :]
+        b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
+        b_dht = tl.load(dh + p_state_t, mask=m_vk, other=0.0)
+        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC) * e_q        # do h_nᵀ
+        b_dk_in = tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC) * e_k        # v dh_{n+1}ᵀ
+        b_dk += b_dk_in
+        b_kdk += tl.sum(b_k * b_dk_in, axis=0)
+        b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    tail = b_hdh * tl.exp(b_bL) + b_kdk                     # the chunk's last row's extra terms
     p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == chunk_last)[:, None], tail[None, :], 0.0)
     tl.store(db + p, b_db, mask=m_tk)
@@ -249,10 +264,12 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
 
 def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16, **launch) -> torch.Tensor:
     """dv [B, T, H, V] in do's dtype; dh [B, NT, H, K, V]: the gradient leaving each chunk
-    (chunk_h.chunk_bwd_dh). Equal to chunk_o.chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b), do, dh)."""
+    (chunk_h.chunk_bwd_dh). Equal to chunk_o.chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b), do, dh).
+    Tiles: the chunk stages' (≤ 64; movement.fused_bwd_plan counts what larger ones would save);
+    launch may override BK, BV, num_warps, num_stages."""
     B, T, H, K = q.shape
     V = do.shape[-1]
-    BC, BK, BV = min(sub_chunk, chunk_size), tile(K), tile(V)
+    BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
     dv = torch.empty_like(do)
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     fused_chunk_bwd_dv_kernel[grid](q, k, b, do, dh, dv, scale, T, dh.shape[1], H, K, V, chunk_size, BC, BK, BV,
@@ -266,7 +283,7 @@ def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, su
     gradients of chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v)): the three stages in one launch."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BC, BK, BV = min(sub_chunk, chunk_size), tile(K), tile(V)
+    BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     db = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)

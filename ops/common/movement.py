@@ -10,9 +10,12 @@ Plans for one layer's forward (q, k [B, T, H, K], v, o [B, T, H, V], chunk C, NT
   registers and writes o = S̃ V + (Q ⊙ Γ) h: A never reaches HBM. Every V tile re-reads its chunk's
   q, k and b, unless `v_inner`: one program per chunk loops over the V tiles and keeps S̃ live.
 Tiles: BK | K and BV | V, multiples of 16 (tensor-core fragments), at most 128.
+The backward (per-key decay) is counted for both plans too (chunk_bwd_plan, fused_bwd_plan), at
+the tiles its kernels launch with; the model does not choose those yet.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -135,9 +138,11 @@ def fused_plan(s: Shape, t: Tiles, dev: Device) -> Prediction:
                    s.B * s.H * s.NT * (1 if t.v_inner else NV))
     p = Prediction("fused", t, _shared(s) + [fused])
     threads = 32 * t.num_warps
-    # fp32 accumulators live in registers: S̃ [C, C] and the O tile [C, BV]; operand tiles are staged
-    # through shared memory per pipeline stage: q, k [C, BK], b [C, BK] fp32, v [C, BV], h [BK, BV].
-    acc_regs = (s.C * s.C + s.C * t.BV) / threads
+    # fp32 accumulators live in registers: the O tile [C, BV] and S̃, one 16-column key block at a
+    # time (fused_chunk.py), or all of S̃ [C, C] when it must stay live across the V loop (v_inner);
+    # operand tiles are staged through shared memory per pipeline stage: q, k [C, BK], b [C, BK]
+    # fp32, v [C, BV], h [BK, BV].
+    acc_regs = (s.C * (s.C if t.v_inner else 16) + s.C * t.BV) / threads
     b_cols = 1 if s.scalar_decay else t.BK
     smem = t.num_stages * (2 * s.C * t.BK * s.elem + s.C * b_cols * 4 + s.C * t.BV * s.elem + t.BK * t.BV * s.elem)
     if acc_regs + 32 > dev.max_regs_per_thread:   # 32: addresses, indices, the decay row
@@ -147,24 +152,66 @@ def fused_plan(s: Shape, t: Tiles, dev: Device) -> Prediction:
     return p
 
 
-def candidates(s: Shape) -> list[Tiles]:
+def chunk_bwd_plan(s: Shape) -> Prediction:
+    """`chunk`'s backward, per-key decay (ops/common/chunk.py): dh pass, dA = do vᵀ written in fp32,
+    dv reading A, the intra-chunk gradients reading dA and writing fp32 partials, and the kernel
+    that adds the state terms and forms db; then db's reverse cumsum."""
+    z, tok, grid = _sizes(s), s.B * s.T * s.H, s.B * s.H * s.NT
+    A32, qk32, b32 = tok * s.C * 4, tok * s.K * 4, tok * s.K * 4
+    C, K, V = s.C, s.K, s.V
+    return Prediction("chunk bwd", None, [
+        Kernel("dh", z["qk"] + z["v"] + z["b"] + z["h"], 2.0 * grid * C * K * V, s.B * s.H * math.ceil(K / 64) * math.ceil(V / 64)),
+        Kernel("dA", 2 * z["v"] + A32, 2.0 * grid * C * C * V, grid),
+        Kernel("dv", z["qk"] + z["b"] + z["A"] + 2 * z["v"] + z["h"], 2.0 * grid * (C * C * V + C * K * V), grid * math.ceil(V / 64)),
+        Kernel("intra dq, dk", 2 * z["qk"] + z["b"] + A32 + 2 * qk32, 4.0 * grid * C * C * K, grid * math.ceil(K / 64) * (C // 16)),
+        Kernel("dq, dk, db", 4 * z["qk"] + 2 * z["v"] + z["b"] + 2 * z["h"] + 2 * qk32 + b32, 4.0 * grid * C * K * V,
+               grid * math.ceil(K / 64)),
+        Kernel("cumsum", 2 * b32, 0.0, grid)])
+
+
+def fused_bwd_plan(s: Shape, BK: int = 64, BV: int = 64) -> Prediction:
+    """The fused backward (ops/common/fused_chunk.py): the same dh pass, then dv recomputing the scores
+    per V tile (q, k, b re-read per V tile) and dq, dk, db recomputing dA = do vᵀ per K tile (v, do
+    re-read per K tile); neither A nor dA nor an fp32 partial reaches HBM."""
+    z, grid = _sizes(s), s.B * s.H * s.NT
+    NK, NV = math.ceil(s.K / BK), math.ceil(s.V / BV)
+    C, K, V = s.C, s.K, s.V
+    b32 = s.B * s.T * s.H * s.K * 4
+    return Prediction("fused bwd", Tiles(BK, BV), [
+        Kernel("dh", z["qk"] + z["v"] + z["b"] + z["h"], 2.0 * grid * C * K * V, s.B * s.H * math.ceil(K / 64) * math.ceil(V / 64)),
+        Kernel("dv", NV * (2 * z["qk"] + z["b"]) + 2 * z["v"] + z["h"], 2.0 * grid * (NV * C * C * K + C * C * V + C * K * V),
+               grid * NV),
+        Kernel("dq, dk, db", 4 * z["qk"] + z["b"] + NK * 2 * z["v"] + 2 * z["h"] + b32,
+               2.0 * grid * (NK * C * C * V + 2 * C * C * K + 2 * C * K * V), grid * NK),
+        Kernel("cumsum", 2 * b32, 0.0, grid)])
+
+
+def candidates(s: Shape, v_inner: tuple[bool, ...] = (False, True)) -> list[Tiles]:
     dims = lambda D: [x for x in (16, 32, 64, 128) if x <= max(16, D)]  # noqa: E731
     return [Tiles(bk, bv, vi, w, st) for bk, bv, vi, w, st in
-            itertools.product(dims(s.K), dims(s.V), (False, True), (4, 8), (1, 2, 3))
+            itertools.product(dims(s.K), dims(s.V), v_inner, (4, 8), (1, 2, 3))
             if not (vi and bv >= s.V)]
 
 
-def choose(s: Shape, dev: Device = H100) -> tuple[Prediction, list[Prediction]]:
+def choose(s: Shape, dev: Device = H100, v_inner: tuple[bool, ...] = (False, True)) -> tuple[Prediction, list[Prediction]]:
     """The feasible fused plan with the lowest floor, and all plans considered. Ties (the model sees
     bytes, not latency): fewer bytes, then larger tiles (fewer loop trips), V tiles as programs
     rather than an inner loop, fewer warps and stages — warps and stages are left to a sweep."""
-    plans = [fused_plan(s, t, dev) for t in candidates(s)]
+    plans = [fused_plan(s, t, dev) for t in candidates(s, v_inner)]
     ok = [p for p in plans if p.feasible]
     if not ok:
         raise ValueError(f"no fused tiling fits {dev.name} for {s}: e.g. {plans[0].why}")
     best = min(ok, key=lambda p: (round(p.floor_s(dev), 12), p.total_bytes, -p.tiles.BK * p.tiles.BV, p.tiles.v_inner,
                                   p.tiles.num_warps, p.tiles.num_stages))
     return best, plans
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_tiles(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, device: str = "H100") -> Tiles:
+    """The tiles fused_chunk.fused_chunk_fwd launches with: the model's choice among the loop orders
+    that kernel implements (V tiles as programs; the V-inner order is not written yet)."""
+    dev = {"H100": H100, "A100": A100}[device]
+    return choose(Shape(B, T, H, K, V, C, elem=elem), dev, v_inner=(False,))[0].tiles
 
 
 SHAPES = {"gla mve": Shape(16, 2048, 12, 64, 64), "gla 340m": Shape(8, 2048, 4, 256, 512),
@@ -183,6 +230,12 @@ def main() -> None:
         print(f"{name:<22} {c.total_bytes / 1e6:9.1f} {c.floor_s(H100) * 1e3:9.3f} | {f.total_bytes / 1e6:9.1f} "
               f"{f.floor_s(H100) * 1e3:9.3f}  ({t.BK}, {t.BV}, {t.v_inner}, {t.num_warps}, {t.num_stages}), {f.programs}; "
               f"{f.kernels[1].programs}")
+    print(f"\n{'backward, per-key decay':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}")
+    for name, s in SHAPES.items():
+        if not s.scalar_decay:
+            c, f = chunk_bwd_plan(s), fused_bwd_plan(s)
+            print(f"{name:<22} {c.total_bytes / 1e6:9.1f} {c.floor_s(H100) * 1e3:9.3f} | {f.total_bytes / 1e6:9.1f} "
+                  f"{f.floor_s(H100) * 1e3:9.3f}")
 
 
 if __name__ == "__main__":
