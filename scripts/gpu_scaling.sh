@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Multi-GPU scaling check of issue [E], on one machine with two GPUs (device kind nvidia-h200-x2):
+# the same model, backend and global batch on 1 GPU (grad_accum 2A) and on 2 GPUs under
+# `accelerate launch` DDP (grad_accum A); then scripts/compare_scaling.py writes $OUT/scaling.md:
+# tokens/s per GPU (target ≥ 90% of one GPU's) and the loss curves' largest difference.
+#   bash scripts/gpu_scaling.sh [CONFIG] [BACKEND] [STEPS]      # defaults: configs/gla_340m.yaml chunk 60
+# Expects .carry/whl (datasets, dill, multiprocess) and .carry/data (the offline stand-in text and BPE).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+CFG=${1:-configs/gla_340m.yaml} BACKEND=${2:-chunk} STEPS=${3:-60} ACC=${ACC:-2}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache NCCL_NVLS_ENABLE=0   # NVLS off: KINDS.md
+nvidia-smi --query-gpu=name --format=csv,noheader
+D=.carry/data S=/tmp/pydocs-split          # the stand-in text split as scripts/gpu_check_chunk.sh splits it
+mkdir -p $S && n=$(wc -l < $D/pydocs-train/train.txt)
+head -n $((n * 925 / 1000)) $D/pydocs-train/train.txt > $S/train.txt
+tail -n +$((n * 925 / 1000 + 1)) $D/pydocs-train/train.txt | head -n $((n * 50 / 1000)) > $S/valid.txt
+tail -n +$((n * 975 / 1000 + 1)) $D/pydocs-train/train.txt > $S/test.txt
+DATA=(--data.source=local:$S --data.eval_source=local:$S --data.tokenizer_file=$D/tokenizers/gpt2.tiktoken
+      --data.cache_dir=/tmp/data_cache)
+COMMON=(--config "$CFG" --backend "$BACKEND" --train.max_steps="$STEPS" --train.log_interval=1
+        --train.eval_interval=1000000 --train.eval_batches=4 --train.ckpt_interval=1000000 --train.progress=false
+        --train.out_dir=/tmp/scaling --optim.warmup_steps=10 "${DATA[@]}")
+rm -rf /tmp/scaling
+python3 -m data.prepare --config "$CFG" "${DATA[@]}" > "$OUT/prepare.log" 2>&1 || { tail -5 "$OUT/prepare.log"; exit 1; }
+CUDA_VISIBLE_DEVICES=0 timeout "${RUN_TIMEOUT:-240}" python3 train.py "${COMMON[@]}" --train.name=gpu1 \
+  --train.grad_accum=$((2 * ACC)) > "$OUT/gpu1.log" 2>&1 || tail -5 "$OUT/gpu1.log"
+timeout "${RUN_TIMEOUT:-240}" accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2 \
+  train.py "${COMMON[@]}" --train.name=gpu2 --train.grad_accum=$ACC > "$OUT/gpu2.log" 2>&1 || tail -5 "$OUT/gpu2.log"
+cp /tmp/scaling/gpu1/metrics.jsonl "$OUT/gpu1.jsonl" 2>/dev/null
+cp /tmp/scaling/gpu2/metrics.jsonl "$OUT/gpu2.jsonl" 2>/dev/null
+python3 scripts/compare_scaling.py /tmp/scaling/gpu1 /tmp/scaling/gpu2 --out "$OUT/scaling.md" && cat "$OUT/scaling.md"
