@@ -142,11 +142,14 @@ def fused_plan(s: Shape, t: Tiles, dev: Device) -> Prediction:
     # time (fused_chunk.py), or all of S̃ [C, C] when it must stay live across the V loop (v_inner);
     # operand tiles are staged through shared memory per pipeline stage: q, k [C, BK], b [C, BK]
     # fp32, v [C, BV], h [BK, BV].
-    acc_regs = (s.C * (s.C if t.v_inner else 16) + s.C * t.BV) / threads
+    # Per-key decay: the decayed operand q ⊙ exp(b_i − b_ℓ) and its exponent are formed in registers,
+    # fp32 [C, BK] each, not staged through shared memory.
+    decayed = 0 if s.scalar_decay else 2 * s.C * t.BK
+    acc_regs = (s.C * (s.C if t.v_inner else 16) + s.C * t.BV + decayed) / threads
     b_cols = 1 if s.scalar_decay else t.BK
     smem = t.num_stages * (2 * s.C * t.BK * s.elem + s.C * b_cols * 4 + s.C * t.BV * s.elem + t.BK * t.BV * s.elem)
     if acc_regs + 32 > dev.max_regs_per_thread:   # 32: addresses, indices, the decay row
-        p.feasible, p.why = False, f"{acc_regs:.0f} accumulator registers per thread"
+        p.feasible, p.why = False, f"{acc_regs:.0f} fp32 registers per thread for accumulators and decayed operands"
     elif smem > dev.smem_per_block:
         p.feasible, p.why = False, f"{smem / 1024:.0f} KB shared memory"
     return p
