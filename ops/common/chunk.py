@@ -58,11 +58,17 @@ def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
                           chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H, K] or [B, T, H, 1] log-decays ≤ 0;
     initial_state: [B, H, K, V]. Returns o [B, T, H, V] (v's dtype) and the final state (fp32)."""
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
+    check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
+    return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
+                 chunk_sizes: tuple[int, ...]) -> None:
+    """The argument checks every chunkwise entry point makes before launching anything."""
+    if chunk_size not in chunk_sizes:
+        raise ValueError(f"chunk_size must be one of {chunk_sizes}, got {chunk_size}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
 
 
 def check_triton_device() -> None:

@@ -118,20 +118,13 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
-                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                          BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
-    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)          # do h_nᵀ
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)          # v dh_{n+1}ᵀ
-    b_hdh = tl.zeros([BK], dtype=tl.float32)             # Σ_v h_n ⊙ dh_{n+1}
+def _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """The state terms of dq and dk for one K tile of one chunk, before their decay factors:
+    do h_nᵀ and v dh_{n+1}ᵀ [BT, BK] fp32, and Σ_v h_n ⊙ dh_{n+1} [BK]."""
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -144,6 +137,22 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
         b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC)
         b_dk += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC)
         b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+    return b_dq, b_dk, b_hdh
+
+
+@triton.jit
+def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
+                          H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                          BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    b_dq, b_dk, b_hdh = _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV, PREC)
     b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:

@@ -19,11 +19,14 @@ against naive); tests/ops/test_gla.py checks the `fused` backend against the rec
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from ops.common.chunk_intra import _diag_scores, _load_rows, _load_rows_t
+from ops.common.chunk_o import _state_grads
 from ops.common.movement import kernel_tiles
 from ops.common.tiles import dot_precision, tile
 
@@ -99,9 +102,10 @@ def fused_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.
     return o
 
 
+@functools.lru_cache(maxsize=None)
 def device_model(device: torch.device) -> str:
     """Which of movement.py's device budgets to plan tiles for: sm80 gets the A100's, anything else
-    (sm90, and the interpreter) the H100's."""
+    (sm90, and the interpreter) the H100's. Cached: the forward asks on every call."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (8, 0):
         return "A100"
     return "H100"
@@ -173,7 +177,7 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                                BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     """dq, dk, db for one K tile of one chunk: the intra-chunk terms from dA = do vᵀ, formed here one
     key block J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in
-    the forward, then the state terms (do h_nᵀ, v dh_{n+1}ᵀ, as chunk_o.chunk_bwd_dqkb). Each key
+    the forward, then the state terms (chunk_o._state_grads, as chunk_bwd_dqkb). Each key
     block's contributions reach the chunk-wide accumulators through 0/1 selection dots."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -231,30 +235,15 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
             select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
             b_dq += tl.dot(select, b_dqj, input_precision="ieee")
             b_dk += tl.dot(select, b_dkj, input_precision="ieee")
-    # the state terms go straight into the accumulators, so no second pair of [BT, BK] fp32 tiles
-    # stays live through the key-block loop above
-    b_dq *= scale
-    b_dk *= scale
+    # the state terms, as chunk_bwd_dqkb forms them; after the key-block loop, so their two [BT, BK]
+    # accumulators are not live through it
+    b_dq_in, b_dk_in, b_hdh = _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
+                                           BT, BK, BV, PREC)
     b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    e_q = tl.exp(b_b) * scale
-    e_k = tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
-    b_hdh = tl.zeros([BK], dtype=tl.float32)                # Σ_v h_n ⊙ dh_{n+1}
-    b_kdk = tl.zeros([BK], dtype=tl.float32)                # Σ_rows k ⊙ (the state part of dk)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
-        m_vk = m_v[:, None] & m_k[None, :]
-        b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
-        b_dht = tl.load(dh + p_state_t, mask=m_vk, other=0.0)
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC) * e_q        # do h_nᵀ
-        b_dk_in = tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC) * e_k        # v dh_{n+1}ᵀ
-        b_dk += b_dk_in
-        b_kdk += tl.sum(b_k * b_dk_in, axis=0)
-        b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
-    tail = b_hdh * tl.exp(b_bL) + b_kdk                     # the chunk's last row's extra terms
+    b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
+    b_dq = (b_dq + b_dq_in * tl.exp(b_b)) * scale
+    b_dk = b_dk * scale + b_dk_in
+    tail = b_hdh * tl.exp(b_bL) + tl.sum(b_k * b_dk_in, axis=0)     # the chunk's last row's extra terms
     p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
     b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == chunk_last)[:, None], tail[None, :], 0.0)
     tl.store(db + p, b_db, mask=m_tk)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk import CHUNK_SIZES
+from ops.common.chunk import CHUNK_SIZES, check_inputs
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
 from ops.common.chunk_intra import chunk_intra_bwd
 from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
@@ -57,10 +57,7 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
                       scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
                       chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """gated_delta with an explicit scale and chunk size (16, 32, 64 or 128)."""
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_inputs
 from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ops.common.cumsum import chunk_cumsum
 from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
@@ -49,10 +50,7 @@ def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch
                     chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gla.naive.gla. A scalar decay [B, T, H, 1] is broadcast over K: the fused kernels
     take a per-key decay, and autograd sums the broadcast's gradient back."""
-    if chunk_size not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     if gk.shape[-1] == 1 and q.shape[-1] != 1:
         gk = gk.expand(*gk.shape[:-1], q.shape[-1])
     return FusedChunkGLA.apply(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
