@@ -110,15 +110,15 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None}
 
 
-def run_row(config: str, backend: str, args) -> dict:
+def run_row(config: str, backend: str, args, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
            "--steps", str(args.steps)]
     row = {"config": Path(config).stem, "backend": backend}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout, cwd=REPO)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
-        return {**row, "status": "timeout", "why": f"no result within {args.row_timeout} s (--row-timeout)"}
+        return {**row, "status": "timeout", "why": f"no result within {timeout:.0f} s (--row-timeout, --deadline)"}
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
         err = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -172,6 +172,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--row-timeout", type=int, default=1200, help="seconds per row (fla autotunes for minutes)")
+    p.add_argument("--deadline", type=int, default=0,
+                   help="seconds for the whole table (0: none); rows not started by then are marked skipped")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -180,14 +182,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps)))
         return []
     backends = args.backends.split(",") + ([] if args.no_peer else [PEER])
+    command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = environment()
+    stem = args.out / f"{env['date']}-{env['device'].replace(' ', '_')}-throughput"
+    stem.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for config in configs:
         for b in backends:
-            rows.append(run_row(config, b, args))
+            left = args.deadline - (time.time() - T_LAUNCH) if args.deadline else float("inf")
+            if left < 30:
+                rows.append({"config": Path(config).stem, "backend": b, "status": "skipped",
+                             "why": f"the table's --deadline {args.deadline} s had passed"})
+            else:
+                rows.append(run_row(config, b, args, timeout=min(args.row_timeout, left)))
             r = rows[-1]
             print(f"{r['config']:<16} {b:<6} " + (f"{r['tokens_per_s']:>10,.0f} tokens/s  first step {r['first_step_s']:.1f} s"
                                                    if r["status"] == "ok" else f"{r['status']}: {r.get('why', '')}"),
                   flush=True)
+            # after every row, so that a run cut short keeps what it measured
+            stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip(), args))
+            stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
+    plot(rows, stem.with_suffix(".png"))
+    print(stem.with_suffix(".md").read_text())
+    return rows
+
+
+def environment() -> dict:
     import triton
 
     try:
@@ -196,17 +216,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     except ImportError:
         fla_version = None
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    env = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version,
-           "date": datetime.date.today().isoformat()}
-    command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    stem = args.out / f"{env['date']}-{device.replace(' ', '_')}-throughput"
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip(), args))
-    stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
-    plot(rows, stem.with_suffix(".png"))
-    print(stem.with_suffix(".md").read_text())
-    return rows
-
+    return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version,
+            "date": datetime.date.today().isoformat()}
 
 if __name__ == "__main__":
     main()

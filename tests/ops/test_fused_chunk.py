@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o
+from ops.common import chunk_intra, chunk_o
 from ops.common.cumsum import chunk_cumsum
 from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
 from tests.helpers import rel_err
@@ -34,19 +33,28 @@ def make(case, gate, dtype, device):
     return q, k, v, b, h, do, dh, K ** -0.5, C
 
 
+def stage(name: str, C: int):
+    """chunk's Triton stage, or above C = 128 its PyTorch `_ref`: the Triton stages hold A's [C, C]
+    fp32 tile, 256 KB at C = 256, over the H100's 227 KB of shared memory (OutOfResources there)."""
+    module = chunk_intra if "intra" in name else chunk_o
+    return getattr(module, name + ("_ref" if C > 128 else ""))
+
+
 def fwd_pair(q, k, v, b, h, do, dh, scale, C):
-    return fused_chunk_fwd(q, k, v, b, h, scale, C), chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b, scale, C), scale, C)
+    A = stage("chunk_intra_fwd", C)(q, k, b, scale, C)
+    return fused_chunk_fwd(q, k, v, b, h, scale, C), stage("chunk_fwd_o", C)(q, v, b, h, A, scale, C)
 
 
 def dv_pair(q, k, v, b, h, do, dh, scale, C):
-    return (fused_chunk_bwd_dv(q, k, b, do, dh, scale, C),
-            chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b, scale, C), do, dh, C))
+    A = stage("chunk_intra_fwd", C)(q, k, b, scale, C)
+    return fused_chunk_bwd_dv(q, k, b, do, dh, scale, C), stage("chunk_bwd_dv", C)(k, b, A, do, dh, C)
 
 
 def dqk_pair(q, k, v, b, h, do, dh, scale, C):
-    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v, C), scale, C)
+    dA = stage("chunk_bwd_dA", C)(do, v, C)
+    dq_intra, dk_intra = stage("chunk_intra_bwd", C)(q, k, b, dA, scale, C)
     return (fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C),
-            chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C))
+            stage("chunk_bwd_dqkb", C)(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C))
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
