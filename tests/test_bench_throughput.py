@@ -31,6 +31,14 @@ def test_unavailable_backend_is_a_row_with_the_reason(tmp_path):
     assert rows[0]["status"] == "n/a" and "'fla'" in rows[0]["why"]
 
 
+def test_rows_past_the_deadline_are_skipped_and_the_table_says_so(tmp_path):
+    """--deadline: a row not started with 30 s left is a 'skipped' row, and the table is written anyway."""
+    rows = main(["--configs", "configs/smoke.yaml", "--backends", "naive", "--no-peer", "--deadline", "1",
+                 "--out", str(tmp_path)])
+    assert [r["status"] for r in rows] == ["skipped"] and "--deadline 1 s" in rows[0]["why"]
+    assert "| smoke | naive |" in next(tmp_path.glob("*-throughput.md")).read_text()
+
+
 @pytest.mark.parametrize("name", ["gpt2_124m", "gla_340m", "gdn_340m", "mamba2_370m"])
 def test_peer_has_our_parameter_count(name):
     cfg = load_config(f"configs/{name}.yaml").model
