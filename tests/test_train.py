@@ -106,8 +106,8 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_missing_backend_is_a_clear_error(tmp_path):
-    with pytest.raises(BackendError, match="op 'gla', backend 'fused': no fused state component"):
-        train.main(tiny(tmp_path, "b") + ["--backend", "fused", "--fuse", "state"])
-    with pytest.raises(BackendError, match="op 'ssd' has no 'fused' backend"):
-        train.main(tiny(tmp_path, "c") + ["--backend", "fused", "--model.family=mamba2", "--model.ssm_head_dim=8",
-                                          "--model.ssm_state=8"])
+    mamba2 = ["--model.family=mamba2", "--model.ssm_head_dim=8", "--model.ssm_state=8"]
+    with pytest.raises(BackendError, match="op 'ssd', backend 'fused': no fused chunk component"):
+        train.main(tiny(tmp_path, "b") + ["--backend", "fused", "--fuse", "chunk"] + mamba2)
+    with pytest.raises(BackendError, match="op 'gated_delta' has no 'fused' backend"):
+        train.main(tiny(tmp_path, "c") + ["--backend", "fused", "--model.family=gated_deltanet"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
+from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
 from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
 from ops.common.cumsum import chunk_cumsum
@@ -24,11 +24,12 @@ CHUNK_SIZES = (16, 32, 64, 128)
 
 class ChunkDecayAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size):
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         h0 = initial_state.contiguous() if initial_state is not None else None
         b = chunk_cumsum(g, chunk_size)
-        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size)
+        ctx.segments = state_segments(k, v, chunk_size, split_state)
+        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, ctx.segments)
         if b.shape[-1] == 1:
             o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
         else:
@@ -44,22 +45,31 @@ class ChunkDecayAttention(torch.autograd.Function):
         C, scale = ctx.chunk_size, ctx.scale
         do = do.contiguous()
         dht = dht.contiguous() if dht is not None else None
-        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C)
+        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C, ctx.segments)
         dA = chunk_bwd_dA(do, v, C)
         dv = chunk_bwd_dv(k, b, A, do, dh, C)
         dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
         dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C)
         dg = chunk_cumsum(db, C, reverse=True).to(ctx.g_dtype)
-        return dq, dk, dv, dg, None, dh0, None, None
+        return dq, dk, dv, dg, None, dh0, None, None, None
 
 
 def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
                           initial_state: torch.Tensor | None, output_final_state: bool,
-                          chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          chunk_size: int = 64, split_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K]; v: [B, T, H, V]; g: [B, T, H, K] or [B, T, H, 1] log-decays ≤ 0;
-    initial_state: [B, H, K, V]. Returns o [B, T, H, V] (v's dtype) and the final state (fp32)."""
+    initial_state: [B, H, K, V]. Returns o [B, T, H, V] (v's dtype) and the final state (fp32).
+    split_state: the `fused` backend's `state` component (chunk_h.py's split scan)."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
-    return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size)
+    return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state)
+
+
+def state_segments(k: torch.Tensor, v: torch.Tensor, chunk_size: int, split: bool) -> int:
+    """How many segments the state scan runs in: 1 (sequential over chunks) unless split."""
+    if not split:
+        return 1
+    B, T, H, K = k.shape
+    return split_segments(B, H, K, v.shape[-1], T, chunk_size, k.device)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,

@@ -9,8 +9,17 @@ a scalar per head: SCALAR). The recurrence runs in fp32 registers; the per-chunk
 dh_{n+1} are stored in the inputs' dtype, as flash-linear-attention stores h: every consumer feeds
 them to a tensor-core dot in that dtype anyway, so bf16 storage loses nothing there and halves the
 traffic. Initial and final states stay fp32.
+
+Split (issue [G], the `fused` backend's `state` component): the recurrence is sequential over
+chunks, so it launches only (K/BK)·(V/BV)·B·H programs: 16 on the H100's 132 SMs at B1 H4 K=V=128.
+With `segments` = S > 1 each program takes one of S contiguous chunk ranges, starts it from zero
+and also writes the range's end state E_s and total log-decay Λ_s; state_fixup_kernel then adds each
+range's missing carry, H_s = exp(Λ_{s−1}) ⊙ H_{s−1} + E_{s−1} (H_0 = 0), decayed to every chunk of
+the range. The backward runs the same scheme from the end. S = 1 is the plain recurrence.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -20,10 +29,13 @@ from ops.common.tiles import dot_precision, tile
 
 
 @triton.jit
-def chunk_fwd_h_kernel(k, v, b, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
-                       USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
-    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+    """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
+    state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused)."""
+    i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -31,8 +43,10 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constex
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
-    for i_t in range(NT):
+        if i_s == 0:
+            b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
+    b_lam = tl.zeros([BK], dtype=tl.float32)
+    for i_t in range(i_s * NS, tl.minimum(i_s * NS + NS, NT)):
         tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
@@ -47,23 +61,42 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, T, NT, H: tl.constexpr, K: tl.constex
             b_bl = tl.load(b + (i_b * T + last) * H + i_h)
             b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
             b_h *= tl.exp(b_bl)
+            b_lam += b_bl
         else:
             m_tk = m_t[:, None] & (o_k[None, :] < K)
             b_b = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
             b_kd = b_k * tl.exp(tl.where(m_tk, b_bl[None, :] - b_b, 0.0))
             b_h *= tl.exp(b_bl)[:, None]
+            b_lam += b_bl
         b_h += tl.dot(tl.trans(b_kd.to(b_v.dtype)), b_v, input_precision=PREC)
-    if STORE_HT:
-        tl.store(ht + p_state, b_h, mask=m_kv)
+    _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_HT)
 
 
 @triton.jit
-def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, SCALAR: tl.constexpr, STORE_HT: tl.constexpr):
+    """A segment's end state into ht [B, S, H, K, V] (S = 1: the final state, if asked) and, with
+    S > 1, its total log-decay into lam [B, S, H, K|1]."""
+    if STORE_HT or S > 1:
+        p_seg = (i_b * S + i_s) * H + i_h
+        tl.store(ht + p_seg * K * V + (o_k[:, None] * V + o_v[None, :]), b_h, mask=m_kv)
+        if S > 1:
+            if SCALAR:
+                tl.store(lam + p_seg, tl.max(b_lam, axis=0))
+            else:
+                tl.store(lam + p_seg * K + o_k, b_lam, mask=o_k < K)
+
+
+@triton.jit
+def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         SCALAR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
                         PREC: tl.constexpr):
-    i_k, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """The forward's segments run backwards: segment i_s starts from zero at its last chunk (dht
+    for the last segment); dh0 [B, S, H, K, V] gets each segment's start gradient, lam its decay."""
+    i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
     o_k = i_k * BK + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -71,9 +104,12 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
-        b_dh += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
-    for j in range(NT):
-        i_t = NT - 1 - j
+        if i_s == S - 1:
+            b_dh += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
+    b_lam = tl.zeros([BK], dtype=tl.float32)
+    t_end = tl.minimum(i_s * NS + NS, NT)
+    for j in range(t_end - i_s * NS):
+        i_t = t_end - 1 - j
         tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
@@ -88,47 +124,132 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, scale, T, NT, H: tl.constexpr, K
             b_bl = tl.load(b + (i_b * T + last) * H + i_h)
             b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
             b_dh *= tl.exp(b_bl)
+            b_lam += b_bl
         else:
             m_tk = m_t[:, None] & (o_k[None, :] < K)
             b_b = tl.load(b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_tk, other=0.0)
             b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
             b_qd = b_q * tl.exp(b_b) * scale
             b_dh *= tl.exp(b_bl)[:, None]
+            b_lam += b_bl
         b_dh += tl.dot(tl.trans(b_qd.to(b_do.dtype)), b_do, input_precision=PREC)
-    if STORE_DH0:
-        tl.store(dh0 + p_state, b_dh, mask=m_kv)
+    _store_segment_end(dh0, lam, b_dh, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_DH0)
 
 
-def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, **launch):
+@triton.jit
+def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
+                       REVERSE: tl.constexpr, STORE_HT: tl.constexpr):
+    """Segment i_s's carry from the segments before it (after it: REVERSE), added to each of its
+    chunks' stored states h [B, NT, H, K, V], decayed chunk by chunk; the segment that ends the scan
+    stores the final state (forward: ht; REVERSE: dh0) [B, H, K, V]. e [B, S, H, K, V] fp32 and
+    lam [B, S, H, K|1] come from the first pass."""
+    i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_bh, i_s = i_bhs // S, i_bhs % S
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_kv = m_k[:, None] & (o_v[None, :] < V)
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    b_c = tl.zeros([BK, BV], dtype=tl.float32)
+    n_before = (S - 1 - i_s) if REVERSE else i_s
+    for j in range(n_before):                          # S is small: every program rescans it
+        i_p = (S - 1 - j) if REVERSE else j
+        p_seg = (i_b * S + i_p) * H + i_h
+        if SCALAR:
+            b_c *= tl.exp(tl.load(lam + p_seg))
+        else:
+            b_c *= tl.exp(tl.load(lam + p_seg * K + o_k, mask=m_k, other=0.0))[:, None]
+        b_c += tl.load(e + p_seg * K * V + p_kv, mask=m_kv, other=0.0)
+    t_end = tl.minimum(i_s * NS + NS, NT)
+    for j in range(t_end - i_s * NS):
+        i_t = (t_end - 1 - j) if REVERSE else (i_s * NS + j)
+        if n_before > 0:
+            p_h = h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv
+            tl.store(p_h, (tl.load(p_h, mask=m_kv, other=0.0).to(tl.float32) + b_c).to(h.dtype.element_ty), mask=m_kv)
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        if SCALAR:
+            b_c *= tl.exp(tl.load(b + (i_b * T + last) * H + i_h))
+        else:
+            b_c *= tl.exp(tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0))[:, None]
+    if STORE_HT:
+        if i_s == (0 if REVERSE else S - 1):
+            p_seg = (i_b * S + i_s) * H + i_h
+            b_c += tl.load(e + p_seg * K * V + p_kv, mask=m_kv, other=0.0)
+            tl.store(ht + (i_bh * K + o_k[:, None]) * V + o_v[None, :], b_c, mask=m_kv)
+
+
+def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments: int = 1, **launch):
     """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32. Returns h [B, NT, H, K, V] in k's
-    dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or None. launch:
-    num_warps / num_stages for the kernel."""
+    dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or None.
+    segments > 1: the split scan (module docstring; split_segments picks it). launch: num_warps /
+    num_stages for the first pass."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
+    NS = triton.cdiv(NT, segments)
+    S = triton.cdiv(NT, NS)                                 # no empty segment
     h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
+    e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], k.device, ht)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
     # 4 warps unpipelined: 0.282 → 0.210 ms at the GLA-340M layer on the H100, the same at the MVE shape
     # (scripts/debug_chunk_stages.py --sweep).
-    chunk_fwd_h_kernel[grid](k, v, b, h, h0, ht, T, NT, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
+    chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v),
                              **(dict(num_warps=4, num_stages=1) | launch))
+    if S > 1:
+        state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
+                                 False, output_final_state)
     return h, ht
 
 
-def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int):
+def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, segments: int = 1):
     """Returns dh [B, NT, H, K, V] in q's dtype (gradient of the state *leaving* each chunk) and
-    dh0 [B, H, K, V] fp32."""
+    dh0 [B, H, K, V] fp32. segments as chunk_fwd_h."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
+    NS = triton.cdiv(NT, segments)
+    S = triton.cdiv(NT, NS)
     dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H)
-    chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, dh0, scale, T, NT, H, K, V, chunk_size, BK, BV,
+    e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], q.device, dh0)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
+    chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, e, lam, scale, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
                               b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do))
+    if S > 1:
+        state_fixup_kernel[grid](dh, e, lam, b, dh0, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
+                                 True, need_dh0)
     return dh, dh0
+
+
+def _segment_buffers(B, S, H, K, V, decay_dim, device, final):
+    """The first pass's per-segment end states and log-decays; with one segment, the end state is
+    the final state itself (or nothing) and there is no decay to keep."""
+    if S == 1:
+        return final, final
+    return (torch.empty(B, S, H, K, V, dtype=torch.float32, device=device),
+            torch.empty(B, S, H, decay_dim, dtype=torch.float32, device=device))
+
+
+def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, device: torch.device) -> int:
+    """Segments for the split scan: enough that the launch fills the device's SMs once, and none
+    shorter than 4 chunks; 1 where the (K, V, batch·head) tiles already fill them."""
+    programs = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
+    sms = _sm_count(device)
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(T, chunk_size) // 4))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """The device's SMs; the H100's 132 under the interpreter, so CPU tests take the split path."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
 
 
 def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:

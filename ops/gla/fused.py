@@ -1,32 +1,35 @@
 """GLA on the `fused` backend (DESIGN §4): the `chunk` backend's cumsum and state kernels, with the
 intra-chunk scores, output and their backward fused so that neither A nor dA ([B, T, H, C] each)
-reaches HBM (ops/common/fused_chunk.py). Components (`--fuse`): `chunk` is implemented; `state`
-(issue [G]) is not yet, so the states come from ops/common/chunk_h.py, as in `chunk`.
+reaches HBM (ops/common/fused_chunk.py). Components (`--fuse`): `chunk` (those kernels) and `state`
+(issue [G]: the state scan split into segments where the (K, V, batch·head) tiles cannot fill the
+SMs, ops/common/chunk_h.py); either alone runs inside the `chunk` backend's stages.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
-from ops.common.chunk import check_inputs
+from ops.common.chunk import check_inputs, chunk_decay_attention, state_segments
 from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
 from ops.common.cumsum import chunk_cumsum
 from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
 from ops.gla import chunk
 
-COMPONENTS = ("chunk",)
+COMPONENTS = ("chunk", "state")
 CHUNK_SIZES = (16, 32, 64, 128, 256)
 
 
 class FusedChunkGLA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size):
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
         q, k, v, g = (x.contiguous() for x in (q, k, v, g))
         h0 = initial_state.contiguous() if initial_state is not None else None
         b = chunk_cumsum(g, chunk_size)
-        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size)
+        ctx.segments = state_segments(k, v, chunk_size, split_state)
+        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, ctx.segments)
         o = fused_chunk_fwd(q, k, v, b, h, scale, chunk_size)
         ctx.save_for_backward(q, k, v, b, h)
         ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
@@ -38,34 +41,47 @@ class FusedChunkGLA(torch.autograd.Function):
         C, scale = ctx.chunk_size, ctx.scale
         do = do.contiguous()
         dht = dht.contiguous() if dht is not None else None
-        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C)
+        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C, ctx.segments)
         dv = fused_chunk_bwd_dv(q, k, b, do, dh, scale, C)
         dq, dk, db = fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C)
         dg = chunk_cumsum(db, C, reverse=True).to(ctx.g_dtype)
-        return dq, dk, dv, dg, None, dh0, None, None
+        return dq, dk, dv, dg, None, dh0, None, None, None
 
 
 def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float,
                     initial_state: torch.Tensor | None, output_final_state: bool,
-                    chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    chunk_size: int = 64, split_state: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gla.naive.gla. A scalar decay [B, T, H, 1] is broadcast over K: the fused kernels
     take a per-key decay, and autograd sums the broadcast's gradient back."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     if gk.shape[-1] == 1 and q.shape[-1] != 1:
         gk = gk.expand(*gk.shape[:-1], q.shape[-1])
-    return FusedChunkGLA.apply(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
+    return FusedChunkGLA.apply(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state)
 
 
-def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
-        scale: float | None = None, initial_state: torch.Tensor | None = None,
-        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every fused component this op has. Shapes as ops.gla.naive.gla."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return fused_chunk_gla(q, k, v, gk, scale, initial_state, output_final_state)
+@functools.cache
+def _op(fuse_chunk: bool, split_state: bool) -> Callable:
+    """The op with the chosen components, one function object per choice (the registry's tests
+    compare them by identity)."""
+    def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
+            scale: float | None = None, initial_state: torch.Tensor | None = None,
+            output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Shapes as ops.gla.naive.gla."""
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        if fuse_chunk:
+            return fused_chunk_gla(q, k, v, gk, scale, initial_state, output_final_state, split_state=split_state)
+        return chunk_decay_attention(q, k, v, gk, scale, initial_state, output_final_state, split_state=split_state)
+    return gla
+
+
+gla = _op(True, True)
+gla.__doc__ = "Every fused component this op has (chunk, state). Shapes as ops.gla.naive.gla."
 
 
 def build(fuse: frozenset[str]) -> Callable:
     """The op with only the components in `fuse` fused (ops.get_op has checked they exist here).
-    Without `chunk` nothing of this op is fused: it is the `chunk` backend's computation, the
-    ablation baseline, and the run log says so (ops.fused_label)."""
-    return gla if "chunk" in fuse else chunk.gla
+    With neither it is the `chunk` backend's computation, the ablation baseline, and the run log
+    says so (ops.fused_label)."""
+    if not fuse & set(COMPONENTS):
+        return chunk.gla
+    return _op("chunk" in fuse, "state" in fuse)

@@ -13,8 +13,14 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
         initial_state: torch.Tensor | None = None,
         output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.ssd.naive.ssd: x [B, T, H, P]; dt [B, T, H]; A [H]; B, C [B, T, G, N]."""
+    return ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state, split_state=False)
+
+
+def ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state: bool, split_state: bool):
+    """SSD as chunk_decay_attention; split_state: the `fused` backend's `state` component
+    (ops/ssd/fused.py)."""
     H = x.shape[2]
     v = (x * dt.unsqueeze(-1)).to(x.dtype)                                      # [B, T, H, P]
     g = (dt.float() * A.float()).unsqueeze(-1)                                  # [B, T, H, 1]
     q, k = _expand_groups(C, H).to(x.dtype), _expand_groups(B, H).to(x.dtype)
-    return chunk_decay_attention(q, k, v, g, 1.0, initial_state, output_final_state)
+    return chunk_decay_attention(q, k, v, g, 1.0, initial_state, output_final_state, split_state=split_state)

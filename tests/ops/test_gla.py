@@ -154,6 +154,29 @@ def test_triton_chunk_sizes(backend, chunk_size, device):
     grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol)
 
 
+@pytest.mark.parametrize("fuse", ["chunk,state", "state"])
+@pytest.mark.parametrize("decay", ["near0", "realistic"])
+def test_fused_state_split_matches_recurrence(fuse, decay, device, poison_empty):
+    """The `state` component with and without `chunk`, at T = 600: ten chunks, split into two segments
+    (asserted), so the carry between segments is exercised, forward and every gradient."""
+    from ops import parse_fuse
+    from ops.common.chunk_h import split_segments
+
+    assert split_segments(1, 1, 8, 6, 600, 64, torch.device(device)) == 2
+    op = get_op("gla", "fused", parse_fuse(fuse))
+    inputs = [x.float().to(device) for x in make_inputs(1, 600, 1, 8, 6, decay)]
+    ref_in = [x.double().requires_grad_() for x in inputs]
+    got_in = [x.clone().requires_grad_() for x in inputs]
+    o1, s1 = gla_recurrent(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
+    o2, s2 = op(*got_in[:4], initial_state=got_in[4], output_final_state=True)
+    assert rel_err(o2, o1) < 1e-5 and rel_err(s2, s1) < 1e-5
+    do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    ((o1 * do).sum() + (s1 * ds).sum()).backward()
+    ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
+    floor = dgk_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), 1e-5, {"gk": floor})
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)

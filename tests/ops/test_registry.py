@@ -47,9 +47,11 @@ def test_fuse_components_select_the_fused_op():
     from ops.gla import chunk, fused
 
     assert get_op("gla", "fused") is fused.gla
-    assert get_op("gla", "fused", parse_fuse("chunk")) is fused.gla
+    assert get_op("gla", "fused", parse_fuse("state,chunk")) is fused.gla
+    assert get_op("gla", "fused", parse_fuse("chunk")) not in (fused.gla, chunk.gla)
     assert get_op("gla", "fused", frozenset()) is chunk.gla            # nothing fused: the ablation baseline
-    assert fused_label("gla", "fused", None) == "fused[chunk]"
+    assert fused_label("gla", "fused", None) == "fused[chunk,state]"
+    assert fused_label("gla", "fused", parse_fuse("chunk")) == "fused[chunk]"
     assert fused_label("gla", "fused", frozenset()) == "fused[]"
     assert fused_label("gla", "chunk", None) == "chunk"
 
@@ -57,8 +59,8 @@ def test_fuse_components_select_the_fused_op():
 def test_fuse_errors_name_the_component_and_the_remedy():
     with pytest.raises(BackendError, match="unknown fused component.*warp.*components: proj, state, chunk"):
         parse_fuse("chunk,warp")
-    with pytest.raises(BackendError, match="op 'gla'.*no fused state component.*drop it from --fuse"):
-        get_op("gla", "fused", parse_fuse("state,chunk"))
+    with pytest.raises(BackendError, match="op 'ssd'.*no fused chunk component.*drop it from --fuse"):
+        get_op("ssd", "fused", parse_fuse("state,chunk"))
     with pytest.raises(BackendError, match="op 'gla'.*backend is 'chunk'.*--backend fused"):
         get_op("gla", "chunk", parse_fuse("chunk"))
 

@@ -70,8 +70,10 @@ def cancellation_floors(inputs, dy, dh) -> dict[str, float]:
     return {"dt": A.abs().max().item() * e, "A": dt.abs().max().item() * e * dt[..., 0].numel() ** 0.5}
 
 
-@pytest.mark.parametrize("backend", ["chunk"])
-@pytest.mark.parametrize("shape", [(2, 70, 4, 8, 2, 16), (1, 5, 2, 4, 1, 8)], ids=lambda s: "B{}T{}H{}P{}G{}N{}".format(*s))
+@pytest.mark.parametrize("backend", ["chunk", "fused"])
+# T = 600: ten chunks of 64, which `fused`'s split state scan runs as two segments
+@pytest.mark.parametrize("shape", [(2, 70, 4, 8, 2, 16), (1, 5, 2, 4, 1, 8), (1, 600, 1, 8, 1, 8)],
+                         ids=lambda s: "B{}T{}H{}P{}G{}N{}".format(*s))
 @pytest.mark.parametrize("dts", list(DT))
 def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_empty):
     """fp32 inputs (no TF32), every output and gradient (x, dt, A, B, C, h0) against the fp64 recurrence."""
@@ -113,7 +115,7 @@ def bf16_full_shape_errors(backend: str) -> dict[str, float]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
-@pytest.mark.parametrize("backend", ["chunk"])
+@pytest.mark.parametrize("backend", ["chunk", "fused"])
 def test_triton_backend_bf16_full_shape(backend):
     """y and every gradient but ∂A within DESIGN's 5e-3; ∂A: see the test below."""
     errs = bf16_full_shape_errors(backend)

@@ -1,0 +1,79 @@
+"""The split state scan (issue [G]; ops/common/chunk_h.py, `segments` > 1) against the sequential
+`_ref`s and against the one-segment launch, forward (h, final state) and backward (dh, dh0).
+
+Decays from none (every carry reaches the end undiminished, so a wrong carry cannot hide) to −50
+per step; ragged T; one chunk per segment; more segments asked for than there are chunks; scalar
+and per-key decays; with and without initial state / final-state gradient.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ops.common.chunk_h import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref, split_segments
+from ops.common.cumsum import chunk_cumsum
+from tests.helpers import rel_err
+
+GATES = {"none": lambda s: torch.zeros(s), "slow": lambda s: -torch.rand(s) * 1e-3,
+         "realistic": lambda s: -torch.rand(s) * 3 / 8, "extreme": lambda s: -torch.rand(s) * 50}
+# B, T, H, K, V, C, segments
+CASES = [(1, 300, 2, 16, 24, 16, 3), (2, 130, 1, 8, 40, 16, 2), (1, 100, 1, 20, 12, 32, 4),
+         (1, 70, 1, 140, 12, 16, 5), (1, 50, 1, 4, 4, 16, 9)]
+
+
+def inputs(case, gate, scalar, dtype, device):
+    B, T, H, K, V, C, _ = case
+    torch.manual_seed(0)
+    g = GATES[gate]((B, T, H, 1 if scalar else K)).to(device)
+    q, k = (torch.randn(B, T, H, K, device=device).to(dtype) for _ in range(2))
+    v, do = (torch.randn(B, T, H, V, device=device).to(dtype) for _ in range(2))
+    h0, dht = (torch.randn(B, H, K, V, device=device) for _ in range(2))
+    return q, k, v, do, chunk_cumsum(g, C), h0, dht
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("gate", list(GATES))
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+def test_split_scan_equals_the_sequential_one(case, gate, scalar, device, poison_empty):
+    C, S = case[5], case[6]
+    q, k, v, do, b, h0, dht = inputs(case, gate, scalar, torch.float32, device)
+    h, ht = chunk_fwd_h(k, v, b, h0, True, C, segments=S)
+    h_ref, ht_ref = chunk_fwd_h_ref(k, v, b, h0, C)
+    assert rel_err(h, h_ref) < 1e-5 and rel_err(ht, ht_ref) < 1e-5
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, True, 0.3, C, segments=S)
+    dh_ref, dh0_ref = chunk_bwd_dh_ref(q, do, b, dht, 0.3, C)
+    assert rel_err(dh, dh_ref) < 1e-5 and rel_err(dh0, dh0_ref) < 1e-5
+
+
+@pytest.mark.parametrize("with_ends", [False, True], ids=["no-h0-dht", "h0-dht"])
+def test_split_without_initial_or_final_state(with_ends, device, poison_empty):
+    case = (1, 200, 1, 8, 8, 16, 4)
+    q, k, v, do, b, h0, dht = inputs(case, "slow", False, torch.float32, device)
+    h0, dht = (h0, dht) if with_ends else (None, None)
+    h, ht = chunk_fwd_h(k, v, b, h0, False, 16, segments=4)
+    assert ht is None and rel_err(h, chunk_fwd_h(k, v, b, h0, False, 16)[0]) < 1e-5
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, False, 0.3, 16, segments=4)
+    assert dh0 is None and rel_err(dh, chunk_bwd_dh(q, do, b, dht, False, 0.3, 16)[0]) < 1e-5
+
+
+def test_segments_fill_the_sms_and_no_more():
+    cpu = torch.device("cpu")                                         # planned for the H100's 132 SMs
+    assert split_segments(16, 16, 64, 64, 2048, 64, cpu) == 1          # 256 programs already fill them
+    assert split_segments(1, 4, 128, 128, 65536, 64, cpu) == 9         # 16 programs: 9 segments of 114 chunks
+    assert split_segments(1, 1, 64, 64, 256, 64, cpu) == 1             # 4 chunks: too short to split
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tensor-core paths need a CUDA GPU")
+@pytest.mark.parametrize("case", [(1, 8192, 4, 128, 128, 64, 9), (2, 1000, 3, 60, 100, 64, 3)], ids=["long", "odd"])
+def test_split_bf16_on_the_gpu(case):
+    """bf16 inputs, fp32 states: the split and the sequential scan round alike up to the order of the
+    carry's additions; stored states are bf16 (2⁻⁸)."""
+    C, S = case[5], case[6]
+    q, k, v, do, b, h0, dht = inputs(case, "slow", False, torch.bfloat16, "cuda")
+    h, ht = chunk_fwd_h(k, v, b, h0, True, C, segments=S)
+    h1, ht1 = chunk_fwd_h(k, v, b, h0, True, C)
+    assert rel_err(h, h1) < 1e-2 and rel_err(ht, ht1) < 1e-3
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, True, 0.1, C, segments=S)
+    dh1, dh01 = chunk_bwd_dh(q, do, b, dht, True, 0.1, C)
+    assert rel_err(dh, dh1) < 1e-2 and rel_err(dh0, dh01) < 1e-3
