@@ -25,33 +25,55 @@ CHUNK_SIZES = (16, 32, 64, 128)
 class ChunkDecayAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
-        q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-        h0 = initial_state.contiguous() if initial_state is not None else None
-        b = chunk_cumsum(g, chunk_size)
-        ctx.segments = state_segments(k, v, chunk_size, split_state)
-        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, ctx.segments)
+        q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+                                           split_state)
         if b.shape[-1] == 1:
             o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
         else:
             A = chunk_intra_fwd(q, k, b, scale, chunk_size)
             o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
         ctx.save_for_backward(q, k, v, b, h, A)
-        ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, b, h, A = ctx.saved_tensors
         C, scale = ctx.chunk_size, ctx.scale
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C, ctx.segments)
+        do, dh, dh0 = states_backward(ctx, q, b, do, dht)
         dA = chunk_bwd_dA(do, v, C)
         dv = chunk_bwd_dv(k, b, A, do, dh, C)
         dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
         dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C)
-        dg = chunk_cumsum(db, C, reverse=True).to(ctx.g_dtype)
-        return dq, dk, dv, dg, None, dh0, None, None, None
+        return input_grads(ctx, dq, dk, dv, db, dh0)
+
+
+def states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state: bool, chunk_size: int,
+                   split_state: bool):
+    """What every chunkwise autograd function (this one, ops/gla/fused.py's) does first: contiguous
+    inputs, b = chunk-local cumsum of g, the states entering each chunk (split or not), and the
+    ctx fields their backward needs. Returns q, k, v, b, h, final state."""
+    q, k, v, g = (x.contiguous() for x in (q, k, v, g))
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    b = chunk_cumsum(g, chunk_size)
+    ctx.segments = state_segments(k, v, chunk_size, split_state)
+    h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, ctx.segments)
+    ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
+    return q, k, v, b, h, ht
+
+
+def states_backward(ctx, q, b, do, dht):
+    """The backward's first step: contiguous do and the state gradients. Returns do, dh, dh0."""
+    do = do.contiguous()
+    dht = dht.contiguous() if dht is not None else None
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, ctx.scale, ctx.chunk_size, ctx.segments)
+    return do, dh, dh0
+
+
+def input_grads(ctx, dq, dk, dv, db, dh0) -> tuple:
+    """The gradients of (q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+    split_state): dg is the reverse cumsum of db."""
+    dg = chunk_cumsum(db, ctx.chunk_size, reverse=True).to(ctx.g_dtype)
+    return dq, dk, dv, dg, None, dh0, None, None, None
 
 
 def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,

@@ -229,7 +229,7 @@ def _segment_buffers(B, S, H, K, V, decay_dim, device, final):
     """The first pass's per-segment end states and log-decays; with one segment, the end state is
     the final state itself (or nothing) and there is no decay to keep."""
     if S == 1:
-        return final, final
+        return final, None
     return (torch.empty(B, S, H, K, V, dtype=torch.float32, device=device),
             torch.empty(B, S, H, decay_dim, dtype=torch.float32, device=device))
 

@@ -12,9 +12,8 @@ from collections.abc import Callable
 import torch
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
-from ops.common.chunk import check_inputs, chunk_decay_attention, state_segments
-from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ops.common.cumsum import chunk_cumsum
+from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, states_backward,
+                              states_forward)
 from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
 from ops.gla import chunk
 
@@ -25,27 +24,20 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)
 class FusedChunkGLA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
-        q, k, v, g = (x.contiguous() for x in (q, k, v, g))
-        h0 = initial_state.contiguous() if initial_state is not None else None
-        b = chunk_cumsum(g, chunk_size)
-        ctx.segments = state_segments(k, v, chunk_size, split_state)
-        h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, ctx.segments)
+        q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+                                           split_state)
         o = fused_chunk_fwd(q, k, v, b, h, scale, chunk_size)
         ctx.save_for_backward(q, k, v, b, h)
-        ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, b, h = ctx.saved_tensors
         C, scale = ctx.chunk_size, ctx.scale
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, scale, C, ctx.segments)
+        do, dh, dh0 = states_backward(ctx, q, b, do, dht)
         dv = fused_chunk_bwd_dv(q, k, b, do, dh, scale, C)
         dq, dk, db = fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C)
-        dg = chunk_cumsum(db, C, reverse=True).to(ctx.g_dtype)
-        return dq, dk, dv, dg, None, dh0, None, None, None
+        return input_grads(ctx, dq, dk, dv, db, dh0)
 
 
 def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float,
