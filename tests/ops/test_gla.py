@@ -120,13 +120,17 @@ def dgk_floor(q, k, dq, dk) -> float:
 @pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
 def test_triton_backend_matches_recurrence(backend, shape, decay, scalar, device, poison_empty):
     """fp32 inputs (no TF32), every output and gradient against the fp64 recurrence on the same inputs."""
-    op = get_op("gla", backend)
     inputs = [x.float().to(device) for x in make_inputs(*shape, decay, scalar)]
+    assert_matches_recurrence(get_op("gla", backend), inputs, fp32_bound(decay, inputs[3]))
+
+
+def assert_matches_recurrence(op, inputs: list[torch.Tensor], tol: float) -> None:
+    """op on fp32 inputs (q, k, v, gk, h0) against the fp64 recurrence on the same values: o, the
+    final state and every gradient within tol (∂gk: within its cancellation floor too)."""
     ref_in = [x.double().requires_grad_() for x in inputs]
     got_in = [x.clone().requires_grad_() for x in inputs]
     o1, s1 = gla_recurrent(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
     o2, s2 = op(*got_in[:4], initial_state=got_in[4], output_final_state=True)
-    tol = fp32_bound(decay, inputs[3])
     assert o2.dtype == torch.float32 and rel_err(o2, o1) < tol and rel_err(s2, s1) < tol
     do, ds = torch.randn_like(o1), torch.randn_like(s1)
     ((o1 * do).sum() + (s1 * ds).sum()).backward()
@@ -163,18 +167,8 @@ def test_fused_state_split_matches_recurrence(fuse, decay, device, poison_empty)
     from ops.common.chunk_h import split_segments
 
     assert split_segments(1, 1, 8, 6, 600, 64, torch.device(device)) == 2
-    op = get_op("gla", "fused", parse_fuse(fuse))
     inputs = [x.float().to(device) for x in make_inputs(1, 600, 1, 8, 6, decay)]
-    ref_in = [x.double().requires_grad_() for x in inputs]
-    got_in = [x.clone().requires_grad_() for x in inputs]
-    o1, s1 = gla_recurrent(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
-    o2, s2 = op(*got_in[:4], initial_state=got_in[4], output_final_state=True)
-    assert rel_err(o2, o1) < 1e-5 and rel_err(s2, s1) < 1e-5
-    do, ds = torch.randn_like(o1), torch.randn_like(s1)
-    ((o1 * do).sum() + (s1 * ds).sum()).backward()
-    ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
-    floor = dgk_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
-    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), 1e-5, {"gk": floor})
+    assert_matches_recurrence(get_op("gla", "fused", parse_fuse(fuse)), inputs, 1e-5)
 
 
 @pytest.mark.gpu
