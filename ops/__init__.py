@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -80,6 +81,23 @@ def fused_label(op: str, backend: str, fuse: frozenset[str] | None) -> str:
         return backend
     have = importlib.import_module(f"ops.{op}.fused").COMPONENTS
     return f"fused[{','.join(c for c in have if fuse is None or c in fuse)}]"
+
+
+def split_backends(spec: str) -> list[str]:
+    """`naive,fused[chunk,state]` → ["naive", "fused[chunk,state]"]: commas inside brackets stay."""
+    return [b.strip() for b in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec) if b.strip()]
+
+
+def parse_backend(spec: str) -> tuple[str, str]:
+    """A backend as scripts name it: `fused[state]` → ("fused", "state") (the --fuse components, the
+    form fused_label writes); a plain name → (name, "")."""
+    m = re.fullmatch(r"(\w+)(?:\[([\w,+]*)\])?", spec.strip())
+    if m is None:
+        raise BackendError(f"backend {spec!r}: expected a name like 'chunk' or 'fused[state]'")
+    name, fuse = m.group(1), (m.group(2) or "").replace("+", ",")
+    if fuse and name != "fused":
+        raise BackendError(f"backend {spec!r}: only 'fused' takes components in brackets")
+    return name, fuse
 
 
 def require_fla(op: str) -> None:

@@ -12,6 +12,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -72,7 +73,8 @@ def variants(q, k, v, do, b, segments: list[int]) -> dict:
     if importlib.util.find_spec("fla") is not None and k.is_cuda:
         from fla.ops.common import chunk_h as fla_h
 
-        decay = dict(g=b[..., 0]) if b.shape[-1] == 1 else dict(gk=b)
+        b2 = b * (1 / math.log(2))                        # fla 0.6 takes log-decays in base 2 (its kernels use exp2)
+        decay = dict(g=b2[..., 0]) if b.shape[-1] == 1 else dict(gk=b2)
         out["fla"] = (lambda: fla_h.chunk_fwd_h(k, v, h0=None, output_final_state=False, chunk_size=C, **decay)[0],
                       lambda: fla_h.chunk_bwd_dh(q, k, v, do, None, None, scale, chunk_size=C, **decay)[0], None)
     for S in segments:

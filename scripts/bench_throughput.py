@@ -1,6 +1,7 @@
 """End-to-end training throughput per model and backend: tokens/s, peak memory, time to first step.
 
     python scripts/bench_throughput.py --configs gla_125m,gla_340m --backends naive,chunk,fla
+    python scripts/bench_throughput.py --configs gla_125m --backends "chunk,fused[state],fused[chunk,state]"
     python scripts/bench_throughput.py --configs gpt2_124m --backends naive --batch 8 --seq-len 2048
 
 Every row is whole training steps (forward, backward, fused AdamW) on the same random batch, bf16
@@ -27,6 +28,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+
+from ops import parse_backend, split_backends
 
 REPO = Path(__file__).resolve().parents[1]
 PEER = "peer"
@@ -73,7 +76,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
         model = peer_model(cfg).to(device)
         loss_of = lambda x: model(input_ids=x[:, :-1], labels=x[:, :-1]).loss  # noqa: E731  (HF shifts labels)
     else:
-        cfg.backend = backend
+        cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
         loss_of = lambda x: model(x[:, :-1], x[:, 1:])[1]  # noqa: E731
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
@@ -165,7 +168,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="gla_125m", help="comma-separated presets (names under configs/ or paths)")
-    p.add_argument("--backends", default="naive,chunk", help=f"comma-separated; '{PEER}' is added per config")
+    p.add_argument("--backends", default="naive,chunk", help=f"comma-separated, e.g. chunk,fused[state]; '{PEER}' is added per config")
     p.add_argument("--no-peer", action="store_true", help="leave out the reference implementation's row")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=2048)
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.worker:
         print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps)))
         return []
-    backends = args.backends.split(",") + ([] if args.no_peer else [PEER])
+    backends = split_backends(args.backends) + ([] if args.no_peer else [PEER])
     command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     env = environment()
     stem = args.out / f"{env['date']}-{env['device'].replace(' ', '_')}-throughput"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from ops import parse_backend, split_backends  # noqa: E402
+
+
+def slug(spec: str) -> str:
+    """A run folder's name for a backend: fused[chunk,state] → fused-chunk-state."""
+    return re.sub(r"\W+", "-", spec).strip("-")
+
+
+def backend_args(spec: str) -> list[str]:
+    """train.py's arguments for `chunk` or `fused[state]` (the fused backend with only these components)."""
+    name, fuse = parse_backend(spec)
+    return ["--backend", name] + (["--fuse", fuse] if fuse else [])
 
 
 def read_metrics(run: Path) -> tuple[dict[int, float], dict[int, float]]:
@@ -117,7 +131,8 @@ def plot(result: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
-    p.add_argument("--backends", default="naive,chunk", help="comma-separated; the first is the reference")
+    p.add_argument("--backends", default="naive,chunk", help="comma-separated, the first is the reference; fused[state] is the fused backend with only "
+                                                           "those components (--fuse state)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-interval", type=int, default=50)
     p.add_argument("--tolerance", type=float, default=0.01, help="|Δ val loss| in nats at the last evaluation")
@@ -126,12 +141,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--parallel", action="store_true", help="train all runs at once (one device; memory permitting)")
     p.add_argument("--out", type=Path, help="folder for the runs and parity.{json,md,png} (default runs/parity_<config>)")
     args, overrides = p.parse_known_args(argv)
-    backends = args.backends.split(",")
+    backends = split_backends(args.backends)
     if len(set(backends)) != len(backends) or len(backends) < 2:
         raise SystemExit(f"error: --backends needs two or more distinct backends, got {args.backends!r}")
     stem = Path(args.config).stem
     out = args.out or REPO / "runs" / f"parity_{stem}"
-    runs = {b: out / f"{stem}_{b}" for b in backends}
+    runs = {b: out / f"{stem}_{slug(b)}" for b in backends}
     extra = {b: [] for b in backends}
     if args.floor:
         floor = f"{backends[0]}~"
@@ -142,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"error: {', '.join(taken)} already exist; remove them or pass another --out")
     data_overrides = [o for o in overrides if o.startswith("--data.")]
     def train_cmd(b: str, run: Path) -> list[str]:
-        return [sys.executable, str(REPO / "train.py"), "--config", args.config, "--backend", b.rstrip("~"),
+        return [sys.executable, str(REPO / "train.py"), "--config", args.config, *backend_args(b.rstrip("~")),
                 f"--train.name={run.name}", f"--train.out_dir={out}", f"--train.max_steps={args.steps}",
                 f"--train.eval_interval={args.eval_interval}", "--train.ckpt_interval=0", *overrides, *extra[b]]
 

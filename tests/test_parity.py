@@ -15,11 +15,13 @@ TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32"
         "--data.synthetic.train_tokens=20000", "--data.synthetic.eval_tokens=600"]
 
 
-@pytest.mark.parametrize("parallel", [False, True], ids=["sequential", "parallel"])
-def test_parity_naive_vs_chunk(tmp_path, parallel):
-    result = main(["--config", "configs/smoke.yaml", "--backends", "naive,chunk", "--steps", "3", "--eval-interval", "3",
+# the parallel case also checks a fused backend restricted to some components: `fused[state]` → --fuse state
+@pytest.mark.parametrize("parallel, other, run", [(False, "chunk", "smoke_chunk"), (True, "fused[state]", "smoke_fused-state")],
+                         ids=["sequential", "parallel"])
+def test_parity_naive_vs_chunk(tmp_path, parallel, other, run):
+    result = main(["--config", "configs/smoke.yaml", "--backends", f"naive,{other}", "--steps", "3", "--eval-interval", "3",
                    "--floor", *(["--parallel"] if parallel else []), "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
-    naive, chunk = result["backends"]["naive"], result["backends"]["chunk"]
+    naive, chunk = result["backends"]["naive"], result["backends"][other]
     assert naive["pass"] and naive["final_delta_val"] == 0
     assert chunk["pass"] and abs(chunk["final_delta_val"]) < 1e-4, chunk["delta_val"]
     assert abs(chunk["test"]["loss"] - naive["test"]["loss"]) < 1e-4
@@ -28,7 +30,8 @@ def test_parity_naive_vs_chunk(tmp_path, parallel):
     floor_cfg = (tmp_path / "smoke_naive_floor" / "config.yaml").read_text()
     assert "micro_batch_size: 1" in floor_cfg and "grad_accum: 2" in floor_cfg and "eval_batches: 2" in floor_cfg
     assert "Noise floor" in (tmp_path / "parity.md").read_text()
-    assert json.loads((tmp_path / "parity.json").read_text())["backends"]["chunk"]["pass"]
+    assert json.loads((tmp_path / "parity.json").read_text())["backends"][other]["pass"]
     if parallel:
-        assert "step" in (tmp_path / "smoke_chunk.log").read_text()
-    assert (tmp_path / "parity.png").stat().st_size > 0 and "chunk" in (tmp_path / "parity.md").read_text()
+        assert "step" in (tmp_path / f"{run}.log").read_text()
+        assert "gla=fused[state]" in (tmp_path / f"{run}.log").read_text()   # the run used only that component
+    assert (tmp_path / "parity.png").stat().st_size > 0 and other in (tmp_path / "parity.md").read_text()

@@ -6,7 +6,8 @@ import inspect
 
 import pytest
 
-from ops import BACKENDS, BackendError, fused_label, get_op, list_backends, list_ops, parse_fuse
+from ops import (BACKENDS, BackendError, fused_label, get_op, list_backends, list_ops, parse_backend, parse_fuse,
+                 split_backends)
 
 
 def test_every_op_has_an_oracle():
@@ -83,3 +84,14 @@ def test_fla_backend_unavailable_is_an_error(monkeypatch):
         pytest.skip("fla can run here")
     with pytest.raises(BackendError, match="op 'gla'.*'fla'"):
         get_op("gla", "fla")
+
+
+def test_backend_specs_name_fused_components():
+    assert split_backends("naive, fused[chunk,state],fla") == ["naive", "fused[chunk,state]", "fla"]
+    assert parse_backend("chunk") == ("chunk", "")
+    assert parse_backend("fused[state]") == ("fused", "state")
+    assert parse_backend("fused[chunk+state]") == ("fused", "chunk,state")
+    with pytest.raises(BackendError, match="only 'fused'"):
+        parse_backend("chunk[state]")
+    with pytest.raises(BackendError, match="fused\\[state\\]"):
+        parse_backend("fused(state)")
