@@ -29,6 +29,7 @@ from ops.common.tiles import tile
 C = 64
 # name: (B, T, H, K, V, scalar decay); Mamba-2's states are N × P with P = 64 and one decay per head
 SHAPES = {"train": (16, 2048, 16, 64, 64, False), "long": (1, 65536, 4, 128, 128, False),
+          "gla125m": (8, 2048, 12, 64, 64, False), "gla125m_b4": (4, 2048, 12, 64, 64, False),
           "mamba2_n16": (8, 2048, 24, 16, 64, True), "mamba2_n64": (8, 2048, 24, 64, 64, True),
           "mamba2_n128": (8, 2048, 24, 128, 64, True)}
 

@@ -234,14 +234,22 @@ def _segment_buffers(B, S, H, K, V, decay_dim, device, final):
             torch.empty(B, S, H, decay_dim, dtype=torch.float32, device=device))
 
 
+# Programs per SM the split aims for: one per SM leaves the sequential loop's load latency exposed. H100,
+# B1 H4 T65536 K=V=128 (16 tiles), forward ms by S: 8 → 0.511, 16 → 0.337, 32 (3.9 per SM) → 0.272,
+# 64 → 0.320, 128 → 0.450 (bench/results/2026-11-23-NVIDIA_H100_80GB_HBM3-state.md).
+PROGRAMS_PER_SM = 4
+
+
 def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, device: torch.device) -> int:
-    """Segments for the split scan: enough that the launch fills the device's SMs once, and none
-    shorter than 4 chunks; 1 where the (K, V, batch·head) tiles already fill them."""
+    """Segments for the split scan: about PROGRAMS_PER_SM programs per SM, none shorter than 4 chunks;
+    1 where the (K, V, batch·head) tiles already fill every SM once (at B16 H16 K=V=64, 256 programs
+    on 132 SMs, S = 2 costs 0.128 → 0.167 ms: the fix-up pass rewrites h)."""
     programs = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
-    sms = _sm_count(device)
+    sms, NT = _sm_count(device), triton.cdiv(T, chunk_size)
     if programs >= sms:
         return 1
-    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(T, chunk_size) // 4))
+    S = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), NT // 4))
+    return triton.cdiv(NT, triton.cdiv(NT, S))              # the count chunk_fwd_h launches: no empty segment
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,10 +56,11 @@ def test_split_without_initial_or_final_state(with_ends, device, poison_empty):
     assert dh0 is None and rel_err(dh, chunk_bwd_dh(q, do, b, dht, False, 0.3, 16)[0]) < 1e-5
 
 
-def test_segments_fill_the_sms_and_no_more():
+def test_segments_aim_for_four_programs_per_sm():
     cpu = torch.device("cpu")                                         # planned for the H100's 132 SMs
     assert split_segments(16, 16, 64, 64, 2048, 64, cpu) == 1          # 256 programs already fill them
-    assert split_segments(1, 4, 128, 128, 65536, 64, cpu) == 9         # 16 programs: 9 segments of 114 chunks
+    assert split_segments(1, 4, 128, 128, 65536, 64, cpu) == 32        # 16 programs: 32 segments of 32 chunks
+    assert split_segments(2, 2, 64, 64, 4096, 64, cpu) == 16           # 4 programs: capped at 64 // 4 chunks
     assert split_segments(1, 1, 64, 64, 256, 64, cpu) == 1             # 4 chunks: too short to split
 
 
