@@ -146,9 +146,6 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("bench_state.py times kernels on a CUDA GPU; tests/ops/test_state_split.py checks them on CPU")
     device = torch.device("cuda")
-    rows = []
-    for name in args.shapes.split(","):
-        rows += run_shape(name, SHAPES[name], [int(s) for s in args.segments.split(",") if s], device)
     fla_version = None
     if importlib.util.find_spec("fla") is not None:
         import fla
@@ -158,8 +155,13 @@ def main(argv=None):
     command = "python scripts/bench_state.py " + " ".join(argv if argv is not None else sys.argv[1:])
     stem = args.out / f"{env['date']}-{env['device'].replace(' ', '_')}-state"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip()))
-    stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
+    rows = []
+    for name in args.shapes.split(","):
+        rows += run_shape(name, SHAPES[name], [int(s) for s in args.segments.split(",") if s], device)
+        # the table so far, after every shape: fla autotunes for minutes at a new shape, and a run cut
+        # off by a time limit still leaves what it measured
+        stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip()))
+        stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
     plot(rows, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
 

@@ -37,6 +37,13 @@ def poison_empty(monkeypatch):
 
 
 @pytest.fixture
+def short_segments(monkeypatch):
+    """The split state scan at test lengths: segments of 4 chunks, so T = 600 (ten chunks of 64) splits
+    in two (the production minimum, 32 chunks, needs T ≥ 4096, too slow for the interpreter)."""
+    monkeypatch.setattr("ops.common.chunk_h.MIN_SEGMENT_CHUNKS", 4)
+
+
+@pytest.fixture
 def device() -> str:
     """Where Triton kernels run: the GPU when present, else the CPU under TRITON_INTERPRET=1."""
     return "cuda" if torch.cuda.is_available() else "cpu"

@@ -236,19 +236,22 @@ def _segment_buffers(B, S, H, K, V, decay_dim, device, final):
 
 # Programs per SM the split aims for: one per SM leaves the sequential loop's load latency exposed. H100,
 # B1 H4 T65536 K=V=128 (16 tiles), forward ms by S: 8 → 0.511, 16 → 0.337, 32 (3.9 per SM) → 0.272,
-# 64 → 0.320, 128 → 0.450 (bench/results/2026-11-23-NVIDIA_H100_80GB_HBM3-state.md).
+# 64 → 0.320, 128 → 0.450 (bench/results/2026-11-23-h100-state.md).
 PROGRAMS_PER_SM = 4
+# Shortest segment worth the fix-up pass (it rewrites every h of all but the first segment): at T = 2048
+# (32 chunks) no split beat the sequential scan, B4 and B8 × H12 × K=V=64 (48 and 96 programs) alike.
+MIN_SEGMENT_CHUNKS = 32
 
 
 def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, device: torch.device) -> int:
-    """Segments for the split scan: about PROGRAMS_PER_SM programs per SM, none shorter than 4 chunks;
-    1 where the (K, V, batch·head) tiles already fill every SM once (at B16 H16 K=V=64, 256 programs
-    on 132 SMs, S = 2 costs 0.128 → 0.167 ms: the fix-up pass rewrites h)."""
+    """Segments for the split scan: about PROGRAMS_PER_SM programs per SM, none shorter than
+    MIN_SEGMENT_CHUNKS chunks; 1 where the (K, V, batch·head) tiles already fill every SM once (at
+    B16 H16 K=V=64, 256 programs on 132 SMs, S = 2 costs 0.128 → 0.167 ms)."""
     programs = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
     sms, NT = _sm_count(device), triton.cdiv(T, chunk_size)
     if programs >= sms:
         return 1
-    S = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), NT // 4))
+    S = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), NT // MIN_SEGMENT_CHUNKS))
     return triton.cdiv(NT, triton.cdiv(NT, S))              # the count chunk_fwd_h launches: no empty segment
 
 

@@ -160,9 +160,9 @@ def test_triton_chunk_sizes(backend, chunk_size, device):
 
 @pytest.mark.parametrize("fuse", ["chunk,state", "state"])
 @pytest.mark.parametrize("decay", ["near0", "realistic"])
-def test_fused_state_split_matches_recurrence(fuse, decay, device, poison_empty):
+def test_fused_state_split_matches_recurrence(fuse, decay, device, poison_empty, short_segments):
     """The `state` component with and without `chunk`, at T = 600: ten chunks, split into two segments
-    (asserted), so the carry between segments is exercised, forward and every gradient."""
+    (asserted; short_segments), so the carry between segments is exercised, forward and every gradient."""
     from ops import parse_fuse
     from ops.common.chunk_h import split_segments
 

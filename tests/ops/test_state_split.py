@@ -60,8 +60,9 @@ def test_segments_aim_for_four_programs_per_sm():
     cpu = torch.device("cpu")                                         # planned for the H100's 132 SMs
     assert split_segments(16, 16, 64, 64, 2048, 64, cpu) == 1          # 256 programs already fill them
     assert split_segments(1, 4, 128, 128, 65536, 64, cpu) == 32        # 16 programs: 32 segments of 32 chunks
-    assert split_segments(2, 2, 64, 64, 4096, 64, cpu) == 16           # 4 programs: capped at 64 // 4 chunks
-    assert split_segments(1, 1, 64, 64, 256, 64, cpu) == 1             # 4 chunks: too short to split
+    assert split_segments(2, 2, 64, 64, 4096, 64, cpu) == 2            # 4 programs: capped at 64 // 32 chunks
+    assert split_segments(4, 12, 64, 64, 2048, 64, cpu) == 1           # 48 programs, 32 chunks: too short
+    assert split_segments(1, 1, 64, 64, 256, 64, cpu) == 1
 
 
 @pytest.mark.gpu
