@@ -11,14 +11,17 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def grads_close(got: list[torch.Tensor], ref: list[torch.Tensor], names: list[str], tol: float,
-                floors: dict[str, float] | None = None) -> None:
+                floors: dict[str, float] | None = None, magnitudes: list[torch.Tensor] | None = None) -> None:
     """Each gradient within `tol` of its reference, relative to max(‖ref‖, 1e-3 · the largest
     reference gradient norm). The floor matters only for gradients that are vanishingly small next
     to the others: at log-decays of −100 the true ∂gk is ~1e-44 while ∂q is ~50, and a relative error
     against 1e-44 would measure rounding noise, not the kernel. `floors` adds an absolute error
-    allowance per gradient where the computation's own rounding is known (see its caller)."""
-    scale = max(r.double().norm().item() for r in ref)
-    for name, g, r in zip(names, got, ref):
+    allowance per gradient where the computation's own rounding is known (see its caller).
+    `magnitudes`, where given, replace the references as the scale of each error: the size of the
+    terms the gradient sums (≥ |ref| entrywise), for sums that can cancel."""
+    sizes = magnitudes if magnitudes is not None else ref
+    scale = max(m.double().norm().item() for m in sizes)
+    for name, g, r, m in zip(names, got, ref, sizes):
         err = (g.double() - r.double()).norm().item()
-        bound = tol * max(r.double().norm().item(), 1e-3 * scale) + (floors or {}).get(name, 0.0)
+        bound = tol * max(m.double().norm().item(), 1e-3 * scale) + (floors or {}).get(name, 0.0)
         assert err <= bound, f"d{name}: ‖Δ‖ = {err:.3e} > {bound:.3e}"

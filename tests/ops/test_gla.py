@@ -126,17 +126,35 @@ def test_triton_backend_matches_recurrence(backend, shape, decay, scalar, device
 
 def assert_matches_recurrence(op, inputs: list[torch.Tensor], tol: float) -> None:
     """op on fp32 inputs (q, k, v, gk, h0) against the fp64 recurrence on the same values: o, the
-    final state and every gradient within tol (∂gk: within its cancellation floor too)."""
+    final state and every gradient within tol, relative to the size of the terms each one sums
+    (`magnitudes`): at T = 1, K = 4 an output of three 5-term sums can cancel to 1% of its terms,
+    and fp32's rounding of the terms alone then exceeds 1e-5 of the result (seen once on the H100)."""
     ref_in = [x.double().requires_grad_() for x in inputs]
     got_in = [x.clone().requires_grad_() for x in inputs]
     o1, s1 = gla_recurrent(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
     o2, s2 = op(*got_in[:4], initial_state=got_in[4], output_final_state=True)
-    assert o2.dtype == torch.float32 and rel_err(o2, o1) < tol and rel_err(s2, s1) < tol
     do, ds = torch.randn_like(o1), torch.randn_like(s1)
+    (o_mag, s_mag), grad_mags = magnitudes(inputs, do, ds)
+    assert o2.dtype == torch.float32
+    for name, got, ref, mag in (("o", o2, o1, o_mag), ("final state", s2, s1, s_mag)):
+        err, bound = (got.double() - ref).norm().item(), tol * mag.norm().item()
+        assert err <= bound, f"{name}: ‖Δ‖ = {err:.3e} > {bound:.3e} (‖ref‖ = {ref.norm().item():.3e})"
     ((o1 * do).sum() + (s1 * ds).sum()).backward()
     ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
     floor = dgk_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
-    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol, {"gk": floor})
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol, {"gk": floor},
+                magnitudes=grad_mags)
+
+
+def magnitudes(inputs: list[torch.Tensor], do: torch.Tensor, ds: torch.Tensor):
+    """The recurrence on |q|, |k|, |v|, |h0| with the same decays, and its gradients for |do|, |ds|:
+    every term of every sum taken positive, so each entry bounds the size of the terms the true
+    value adds up (the forward-error scale of a sum). Returns (o, final state), [∂q, ∂k, ∂v, ∂gk, ∂h0]."""
+    q, k, v, gk, h0 = [x.double().abs().requires_grad_() if i != 3 else x.double().requires_grad_()
+                       for i, x in enumerate(inputs)]
+    o, s = gla_recurrent(q, k, v, gk, initial_state=h0, output_final_state=True)
+    ((o * do.abs()).sum() + (s * ds.abs()).sum()).backward()
+    return (o.detach(), s.detach()), [x.grad.abs() for x in (q, k, v, gk, h0)]
 
 
 @pytest.mark.parametrize("backend,chunk_size", [("chunk", c) for c in (16, 32, 64, 128)] +
