@@ -6,7 +6,6 @@ import torch
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
 from ops.common.chunk import chunk_decay_attention
-from ops.ssd.naive import _expand_groups
 
 
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -19,8 +18,10 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
 def ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state: bool, split_state: bool):
     """SSD as chunk_decay_attention; split_state: the `fused` backend's `state` component
     (ops/ssd/fused.py)."""
-    H = x.shape[2]
+    if x.shape[2] % B.shape[2]:
+        raise ValueError(f"ssd: {x.shape[2]} heads are not divisible into {B.shape[2]} groups")
     v = (x * dt.unsqueeze(-1)).to(x.dtype)                                      # [B, T, H, P]
     g = (dt.float() * A.float()).unsqueeze(-1)                                  # [B, T, H, 1]
-    q, k = _expand_groups(C, H).to(x.dtype), _expand_groups(B, H).to(x.dtype)
-    return chunk_decay_attention(q, k, v, g, 1.0, initial_state, output_final_state, split_state=split_state)
+    # C and B stay per group [B, T, G, N]: chunk_decay_attention expands them per head inside
+    return chunk_decay_attention(C.to(x.dtype), B.to(x.dtype), v, g, 1.0, initial_state, output_final_state,
+                                 split_state=split_state)
