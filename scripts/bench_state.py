@@ -22,7 +22,7 @@ if __package__ in (None, ""):
 import torch
 import triton
 
-from ops.common.chunk_h import _sm_count, chunk_bwd_dh, chunk_fwd_h, split_segments
+from ops.common.chunk_h import _sm_count, chunk_bwd_dh, chunk_fwd_h, segment_plan, split_segments
 from ops.common.cumsum import chunk_cumsum
 from ops.common.tiles import tile
 
@@ -82,7 +82,7 @@ def variants(q, k, v, do, b, segments: list[int]) -> dict:
         name = "chunk (sequential)" if S == 1 else f"fused split S={S}"
         out[name] = (lambda S=S: chunk_fwd_h(k, v, b, None, False, C, segments=S)[0],
                      lambda S=S: chunk_bwd_dh(q, do, b, None, False, scale, C, segments=S)[0],
-                     tiles * min(S, triton.cdiv(T, C)))
+                     tiles * segment_plan(triton.cdiv(T, C), S)[1])
     out["einsum + scan"] = (lambda: baseline_fwd(k, v, b, bmm=False), None, None)
     out["bmm + scan"] = (lambda: baseline_fwd(k, v, b, bmm=True), None, None)
     return out

@@ -30,12 +30,12 @@ from ops import parse_backend
 def saved_bytes(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> dict:
     """(module pattern, dtype) → bytes autograd keeps for the backward of one forward."""
     stack = ["(top)"]
-    hooks = []
+    undo = []                                               # removes the hooks, puts the ops back
     for name, mod in model.named_modules():
         if name:
             pattern = re.sub(r"\.\d+\.", ".*.", f".{name}.").strip(".")
-            hooks.append(mod.register_forward_pre_hook(lambda m, a, p=pattern: stack.append(p)))
-            hooks.append(mod.register_forward_hook(lambda m, a, o: stack.pop() and None))   # None: keep the output
+            undo.append(mod.register_forward_pre_hook(lambda m, a, p=pattern: stack.append(p)).remove)
+            undo.append(mod.register_forward_hook(lambda m, a, o: stack.pop() and None).remove)   # None: keep the output
         for op in getattr(mod, "resolved_ops", {}):        # the token mixer's op (ops/<op>/): its own row
             fn = getattr(mod, op)
 
@@ -46,7 +46,7 @@ def saved_bytes(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor
                 finally:
                     stack.pop()
             setattr(mod, op, traced)
-            hooks.append(_Restore(mod, op, fn))
+            undo.append(lambda mod=mod, op=op, fn=fn: setattr(mod, op, fn))
     seen, out = set(), collections.Counter()
 
     def pack(t: torch.Tensor):
@@ -61,19 +61,9 @@ def saved_bytes(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(idx, targets)
     finally:
-        for h in hooks:
-            h.remove()
+        for fn in undo:
+            fn()
     return out
-
-
-class _Restore:
-    """Puts a wrapped op back, like a hook handle's remove()."""
-
-    def __init__(self, mod, name, fn):
-        self.mod, self.name, self.fn = mod, name, fn
-
-    def remove(self):
-        setattr(self.mod, self.name, self.fn)
 
 
 def main(argv: list[str] | None = None) -> dict:

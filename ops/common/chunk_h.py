@@ -188,8 +188,7 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
-    NS = triton.cdiv(NT, segments)
-    S = triton.cdiv(NT, NS)                                 # no empty segment
+    NS, S = segment_plan(NT, segments)
     h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], k.device, ht)
@@ -211,8 +210,7 @@ def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, s
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
-    NS = triton.cdiv(NT, segments)
-    S = triton.cdiv(NT, NS)
+    NS, S = segment_plan(NT, segments)
     dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], q.device, dh0)
@@ -252,7 +250,14 @@ def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, devi
     if programs >= sms:
         return 1
     S = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), NT // MIN_SEGMENT_CHUNKS))
-    return triton.cdiv(NT, triton.cdiv(NT, S))              # the count chunk_fwd_h launches: no empty segment
+    return segment_plan(NT, S)[1]                           # the count chunk_fwd_h launches
+
+
+def segment_plan(NT: int, segments: int) -> tuple[int, int]:
+    """Chunks per segment and the segment count actually launched for `segments` asked: equal
+    ranges of cdiv(NT, segments) chunks, so none is empty (asking 33 of 1024 chunks runs 32)."""
+    NS = triton.cdiv(NT, segments)
+    return NS, triton.cdiv(NT, NS)
 
 
 @functools.lru_cache(maxsize=None)

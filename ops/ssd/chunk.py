@@ -18,8 +18,6 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
 def ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state: bool, split_state: bool):
     """SSD as chunk_decay_attention; split_state: the `fused` backend's `state` component
     (ops/ssd/fused.py)."""
-    if x.shape[2] % B.shape[2]:
-        raise ValueError(f"ssd: {x.shape[2]} heads are not divisible into {B.shape[2]} groups")
     v = (x * dt.unsqueeze(-1)).to(x.dtype)                                      # [B, T, H, P]
     g = (dt.float() * A.float()).unsqueeze(-1)                                  # [B, T, H, 1]
     # C and B stay per group [B, T, G, N]: chunk_decay_attention expands them per head inside
