@@ -58,13 +58,19 @@ def compare(cfg: ModelConfig, backends: list[str], batch: int = 2, seq_len: int 
             for label, r in runs.items()}
 
 
-def within_bf16_bound(errs: dict, label: str) -> list[str]:
-    """The logits and gradients of `label` whose error exceeds 2 × naive bf16's + 1e-3."""
+def within_bf16_bound(errs: dict, label: str, allowance: dict[str, float] | None = None) -> list[str]:
+    """The logits and gradients of `label` whose error exceeds 2 × naive bf16's + 1e-3. `allowance`
+    maps parameter-name suffixes to a larger absolute slack than 1e-3, for gradients whose exact
+    value is a sum that nearly cancels (the caller says why)."""
     base, got = errs["naive bf16"], errs[label]
     bad = [f"logits {got['logits']:.2e} > 2 × {base['logits']:.2e} + 1e-3"] \
         if got["logits"] > 2 * base["logits"] + 1e-3 else []
-    return bad + [f"grad {n} {e:.2e} > 2 × {base['grads'][n]:.2e} + 1e-3" for n, e in got["grads"].items()
-                  if not e <= 2 * base["grads"][n] + 1e-3]
+
+    def slack(name: str) -> float:
+        return max([1e-3] + [v for suffix, v in (allowance or {}).items() if name.endswith(suffix)])
+
+    return bad + [f"grad {n} {e:.2e} > 2 × {base['grads'][n]:.2e} + {slack(n):.0e}" for n, e in got["grads"].items()
+                  if not e <= 2 * base["grads"][n] + slack(n)]
 
 
 def main() -> None:

@@ -78,3 +78,84 @@ def test_gradcheck_tiny():
     inputs = tuple(x.requires_grad_() for x in make_inputs(1, 5, 2, 2, 3))
     alpha = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda *a: ramla(*a, 2), inputs + (alpha,))
+
+
+# ---- the `fused` backend (flash kernels, issue [I]) against the naive oracle ----
+
+def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1):
+    """Relative errors of the fused output and of every gradient (q, k_lat, v_lat, w_ql, w_vu, α)
+    against naive on the same inputs; naive runs in fp32 whatever `dtype` the fused op gets."""
+    from ops.ramla import fused
+
+    inputs = [x.float().to(device) for x in make_inputs(B, T, H, D, L, seed=seed)]
+    inputs[0] = inputs[0] * q_mult
+    do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(seed + 1)).to(device)
+    results = []
+    for op, dt in ((ramla, torch.float32), (fused.ramla, dtype)):
+        xs = [x.to(dt).clone().requires_grad_() for x in inputs]   # fresh leaves: separate .grad
+        a = None if alpha is None else torch.tensor(alpha, device=device, requires_grad=True)
+        o = op(*xs, a, W)
+        (o.float() * do).sum().backward()
+        results.append([o] + [x.grad for x in xs] + ([a.grad] if a is not None else []))
+    return [rel_err(got, ref) for got, ref in zip(*reversed(results))]
+
+
+@pytest.mark.parametrize("B,T,H,D,L,W,alpha", [
+    (1, 37, 1, 8, 16, 5, 0.7),        # T < the 64-row tile, B = H = 1
+    (2, 100, 2, 8, 16, 70, 0.5),      # T not a multiple of the tile; the band spans two key blocks
+    (1, 130, 2, 12, 32, 0, -0.3),     # W = 0: the band is the diagonal; D ≠ L
+    (1, 70, 3, 8, 16, 3, None),       # plain MLA: no band
+    (1, 100, 2, 8, 16, 200, 0.9),     # band wider than the sequence
+])
+def test_fused_matches_naive(B, T, H, D, L, W, alpha, device, poison_empty):
+    errs = fused_vs_naive(B, T, H, D, L, W, alpha, device)
+    names = ["o", "dq", "dk_lat", "dv_lat", "dw_ql", "dw_vu", "dalpha"]
+    assert max(errs) < 2e-5, dict(zip(names, errs))
+
+
+def test_fused_large_logits(device):
+    """Scores of a few hundred: the online softmax must neither overflow nor lose the gradients."""
+    errs = fused_vs_naive(1, 100, 2, 8, 16, 10, 0.5, device, q_mult=30.0)
+    assert max(errs) < 1e-4, errs
+
+
+def test_fused_band_is_used(device):
+    """The fused op with α differs from it without (so the band path above is exercised)."""
+    from ops.ramla import fused
+
+    inputs = [x.float().to(device) for x in make_inputs(1, 80, 2, 8, 16)]
+    with_band = fused.ramla(*inputs, torch.tensor(0.5, device=device), 8)
+    assert rel_err(with_band, fused.ramla(*inputs, None, 8)) > 1e-3
+
+
+def test_fused_rejects_unsupported_latent_dim(device):
+    from ops import BackendError
+    from ops.ramla import fused
+
+    with pytest.raises(BackendError, match="latent dim L=24"):
+        fused.ramla(*[x.float().to(device) for x in make_inputs(1, 8, 1, 4, 24)], None, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
+@pytest.mark.parametrize("alpha", [0.5, None])
+def test_fused_bf16_full_shape(alpha):
+    """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32."""
+    errs = fused_vs_naive(8, 2048, 12, 64, 64, 64, alpha, "cuda", torch.bfloat16)
+    assert max(errs) < 2e-2, errs
+
+
+@pytest.mark.parametrize("heads_per_program", [2, 6])
+def test_fused_head_groups(heads_per_program, device, monkeypatch):
+    """The backward's head groups (several heads summed on chip per program) change nothing."""
+    monkeypatch.setattr("ops.ramla.fused.HEADS_PER_PROGRAM", heads_per_program)
+    errs = fused_vs_naive(1, 90, 6, 8, 16, 20, 0.5, device)
+    assert max(errs) < 2e-5, errs
+
+
+def test_fused_other_tiles(device, monkeypatch):
+    """Tiles the sweep tries (BM ≠ BN in every kernel) give the same results."""
+    monkeypatch.setattr("ops.ramla.fused.TILES", {"fwd": dict(BM=32, BN=16, num_warps=4, num_stages=2),
+                                                  "dkv": dict(BM=16, BN=32, num_warps=4, num_stages=2),
+                                                  "dq": dict(BM=32, BN=16, num_warps=4, num_stages=2)})
+    errs = fused_vs_naive(2, 75, 2, 8, 16, 20, 0.5, device)
+    assert max(errs) < 2e-5, errs

@@ -1,0 +1,118 @@
+"""RA+MLA on the `fused` backend (issue [I]): flash-style attention in latent space, O(T) memory.
+
+    q_lat = q_h W_ql[h]                      one batched GEMM over the heads (cuBLAS), [H, B, T, L]
+    ctx_lat, lse = flash kernels             ops/ramla/flash_kernels.py: online softmax, the band from
+                                             the transposed tile, K_lat/V_lat shared by all heads
+    ctx = ctx_lat,h W_vu[h]                  one batched GEMM, [B, T, H, D]
+
+The backward recomputes the scores tile by tile from lse; nothing of size T×T is ever stored. The
+two per-head maps run as cuBLAS GEMMs around the kernels rather than inside them: at GPT-2 shapes
+each is a [B·T, D]×[D, L] product per head that cuBLAS runs near peak, while folding W_ql into the
+query tile would redo it once per key block's band term, and the epilogue form of W_vu would still
+have to store ctx_lat for dW_vu. Measured on the H100 (bench/results/2026-11-23-h100-ramla-report.md):
+the two maps take 0.20 of the op's 1.45 ms forward+backward at B8 T2048 H12 D64 L64.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+
+from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk_h import _sm_count
+from ops.common.tiles import dot_precision
+from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
+
+COMPONENTS = ()                  # the whole op is one fused component; `--fuse` has nothing to choose here
+LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot's minimum
+# query rows × key rows per tile, and the launch, per kernel; scripts/bench_ramla.py --sweep times others
+TILES = {"fwd": dict(BM=64, BN=64, num_warps=4, num_stages=2),
+         "dkv": dict(BM=64, BN=64, num_warps=4, num_stages=2),
+         "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2)}
+PROGRAMS_PER_SM = 4              # backward: enough programs to even out the causal tiles' unequal work
+HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_per_program's choice
+
+
+class FlashRAMLA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, alpha, window, scale):
+        """q: [H, B, T, L] (head-major q_lat); k, v: [B, T, L] → o [H, B, T, L]."""
+        H, B, T, L = q.shape
+        band = alpha is not None
+        W = window if band else 0
+        o = torch.empty_like(q)
+        lse = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
+        a = alpha.detach() if band else lse          # a dummy pointer without the band
+        fwd = TILES["fwd"]
+        ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](q, k, v, o, lse, a, scale, B, T, W, H=H, L=L, BAND=band,
+                                                            PREC=dot_precision(q), **fwd)
+        ctx.save_for_backward(q, k, v, o, lse, *([alpha] if band else []))
+        ctx.window, ctx.scale, ctx.band = W, scale, band
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, *alpha = ctx.saved_tensors
+        H, B, T, L = q.shape
+        HP = heads_per_program(B, T, H, q.device)
+        G = H // HP
+        do = do.contiguous()
+        delta = (do.float() * o.float()).sum(-1)                                          # [H, B, T]
+        f32 = dict(device=q.device, dtype=torch.float32)
+        dk_col, dv = torch.empty(B, T, G, L, **f32), torch.empty(B, T, G, L, **f32)
+        dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_col
+        dk_row = torch.empty(B, T, G, L, **f32) if ctx.band else dk_col
+        dkv, dqt = TILES["dkv"], TILES["dq"]
+        dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
+        a = alpha[0].detach() if ctx.band else lse
+        meta = dict(H=H, HP=HP, L=L, BAND=ctx.band, PREC=dot_precision(q))
+        ramla_bwd_dkv_kernel[(triton.cdiv(T, dkv["BN"]), G, B)](q, k, v, do, lse, delta, a, dk_col, dv, dq_band,
+                                                                dalpha, ctx.scale, B, T, ctx.window, **meta, **dkv)
+        dq = torch.empty_like(q)
+        ramla_bwd_dq_kernel[(triton.cdiv(T, dqt["BM"]), G, B)](q, k, v, do, lse, delta, a, dq_band, dq, dk_row,
+                                                               ctx.scale, B, T, ctx.window, **meta, **dqt)
+        dk = dk_col.sum(2) + dk_row.sum(2) if ctx.band else dk_col.sum(2)
+        da = dalpha.sum().to(alpha[0].dtype) if ctx.band else None
+        return dq, dk.to(k.dtype), dv.sum(2).to(v.dtype), da, None, None
+
+
+def heads_per_program(B: int, T: int, H: int, device: torch.device) -> int:
+    """Heads per backward program (a divisor of H): the most that still launch PROGRAMS_PER_SM
+    programs per SM, so the group's dk, dv partial sums stay few. HEADS_PER_PROGRAM overrides."""
+    if HEADS_PER_PROGRAM is not None:
+        if H % HEADS_PER_PROGRAM:
+            raise ValueError(f"ramla: HEADS_PER_PROGRAM={HEADS_PER_PROGRAM} does not divide H={H}")
+        return HEADS_PER_PROGRAM
+    blocks = B * triton.cdiv(T, TILES["dkv"]["BN"])
+    fits = [hp for hp in range(1, H + 1) if H % hp == 0 and blocks * (H // hp) >= PROGRAMS_PER_SM * _sm_count(device)]
+    return max(fits, default=1)
+
+
+def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
+          w_vu: torch.Tensor, alpha: torch.Tensor | None, window: int,
+          scale: float | None = None) -> torch.Tensor:
+    """RA+MLA attention. Shapes as ops.ramla.naive.ramla: q [B, T, H, D], k_lat, v_lat [B, T, L],
+    w_ql [H, D, L], w_vu [H, L, D], alpha 0-d or None (plain MLA) → [B, T, H, D]."""
+    from ops import BackendError
+
+    L = k_lat.shape[-1]
+    if L not in LATENT_DIMS:
+        raise BackendError(f"op 'ramla', backend 'fused': latent dim L={L} is not supported by the flash "
+                           f"kernel (L must be one of {LATENT_DIMS}); choose --model.latent_dim among them "
+                           "or use --backend naive")
+    if window < 0:
+        raise ValueError(f"ramla: the band W must be ≥ 0, got {window}")
+    scale = L ** -0.5 if scale is None else scale
+    B, T, H, D = q.shape
+    # batched GEMMs over the heads, in the layout bmm writes (and its backward reads) without copies
+    q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.to(q.dtype))     # [H, B·T, L]
+    k_lat, v_lat = (x.to(q_lat.dtype).contiguous() for x in (k_lat, v_lat))
+    ctx = FlashRAMLA.apply(q_lat.view(H, B, T, L), k_lat, v_lat, alpha, window, scale)
+    out = torch.bmm(ctx.view(H, B * T, L), w_vu.to(ctx.dtype))                       # [H, B·T, D]
+    return out.transpose(0, 1).view(B, T, H, D)
+
+
+def build(fuse: frozenset[str]) -> Callable:
+    """The op has no components to switch (ops.get_op has checked the names)."""
+    return ramla

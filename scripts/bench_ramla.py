@@ -1,0 +1,263 @@
+"""RA+MLA attention (issue [I]): the fused flash kernels against naive RA+MLA (T×T scores) and against
+the plain GPT-2's attention (SDPA, 12 heads of 64) at the same shape, side by side in one process.
+
+    python scripts/bench_ramla.py                       # GPT-2 124M: B8 H12 D64 L64 W64, T = 2048, 4096, 8192
+    python scripts/bench_ramla.py --seq-lens 2048 --batch 8
+    python scripts/bench_ramla.py --sweep                 # first each kernel's tile candidates (SWEEP)
+
+Each row: forward and forward+backward medians (triton.testing.do_bench), and the attention's own
+peak memory in the forward+backward (the peak above the inputs, which are allocated first). fused is
+checked against naive in fp32 before timing wherever naive fits in memory; a row that runs out of
+memory says so. `fused core` is the flash kernels alone on precomputed q_lat (without the W_ql and
+W_vu GEMMs), at the backward's automatic head grouping and, with --heads-per-program, at others. Writes bench/results/<date>-<device>-ramla.{md,json,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+H, D, L, W = 12, 64, 64, 64     # gpt2_ramla_124m
+
+
+def ramla_inputs(B, T, device, dtype=torch.bfloat16):
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, T, H, D, device=device, generator=g)
+    k_lat, v_lat = (torch.randn(B, T, L, device=device, generator=g) for _ in range(2))
+    w_ql = torch.randn(H, D, L, device=device, generator=g) / math.sqrt(D)
+    w_vu = torch.randn(H, L, D, device=device, generator=g) / math.sqrt(L)
+    alpha = torch.tensor(0.5, device=device)
+    return [x.to(dtype).requires_grad_() for x in (q, k_lat, v_lat)] + [x.requires_grad_() for x in (w_ql, w_vu, alpha)]
+
+
+def variants(B, T, device, heads_per_program=()):
+    """name → (forward function returning one tensor, leaves needing grad)."""
+    from ops.ramla import fused, naive
+    from ops.ramla.fused import FlashRAMLA
+
+    def with_hp(hp):
+        def core():
+            fused.HEADS_PER_PROGRAM = hp
+            try:
+                return FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5)
+            finally:
+                fused.HEADS_PER_PROGRAM = None
+        return core
+
+    x = ramla_inputs(B, T, device)
+    q, k, v, w_ql, w_vu, alpha = x
+    q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.bfloat16()).view(H, B, T, L).detach().requires_grad_()
+    mha = [torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+    return {
+        "naive": (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
+        "fused": (lambda: fused.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
+        "fused core": (lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5), [q_lat, k, v, alpha]),
+        "sdpa (GPT-2 MHA)": (lambda: torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2) for t in mha), is_causal=True), mha),
+        **{f"fused core, {hp} heads/program": (with_hp(hp), [q_lat, k, v, alpha]) for hp in heads_per_program},
+    }
+
+
+def measure(fn, leaves) -> dict:
+    from triton.testing import do_bench
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    do = torch.randn_like(out)
+    torch.autograd.grad(out, leaves, do)
+    del out
+    torch.cuda.synchronize()
+    peak_gb = (torch.cuda.max_memory_allocated() - base) / 1e9
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(), leaves, do)
+
+    with torch.no_grad():
+        fwd = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return {"fwd_ms": fwd, "fwdbwd_ms": do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median"),
+            "peak_gb": peak_gb, "status": "ok"}
+
+
+def check(B, T, device) -> float:
+    """Largest relative error of fused's output and gradients against naive, both fp32 inputs."""
+    from ops.ramla import fused, naive
+
+    x = [t.detach().float().requires_grad_() for t in ramla_inputs(B, T, device)]
+    gen = torch.Generator(device=device).manual_seed(1)
+    do = torch.randn(B, T, H, D, device=device, generator=gen)
+    results = []
+    for op in (naive.ramla, fused.ramla):
+        out = op(*x[:5], x[5], W)
+        results.append([out, *torch.autograd.grad(out, x, do)])
+    return max(((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(*results))
+
+
+def run(B, T, device, heads_per_program=()) -> list[dict]:
+    rows = []
+    try:
+        err = f"{check(B, T, device):.1e}"
+    except torch.OutOfMemoryError:
+        err = "naive OOM"
+    torch.cuda.empty_cache()
+    for name, (fn, leaves) in variants(B, T, device, heads_per_program).items():
+        row = {"B": B, "T": T, "variant": name, "check": err if name == "fused" else ""}
+        try:
+            row.update(measure(fn, leaves))
+        except torch.OutOfMemoryError:
+            row["status"] = "OOM"
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+SWEEP = {"fwd": [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 3), (128, 32, 4, 2), (64, 32, 4, 3)],
+         "dkv": [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2)],
+         "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2)]}
+
+
+def sweep(B, T, device) -> list[dict]:
+    """Each kernel's tiles and launch (BM, BN, warps, stages) with the other two at their defaults:
+    the core's forward time for `fwd`, forward+backward for the backward kernels; every candidate's
+    output and gradients checked against the defaults' first (relative error ≤ 1e-2)."""
+    from triton.testing import do_bench
+
+    from ops.ramla import fused
+    from ops.ramla.fused import FlashRAMLA
+
+    q, k, v, w_ql, *_, alpha = ramla_inputs(B, T, device)
+    q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.bfloat16()).view(H, B, T, L).detach().requires_grad_()
+    leaves = [q_lat, k, v, alpha]
+    do = torch.randn(H, B, T, L, device=device, dtype=torch.bfloat16)
+
+    def outputs():
+        o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5)
+        return [o, *torch.autograd.grad(o, leaves, do)]
+
+    ref, default, rows = outputs(), dict(fused.TILES), []
+    for kernel, candidates in SWEEP.items():
+        for bm, bn, warps, stages in candidates:
+            fused.TILES[kernel] = dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+            row = {"kernel": kernel, "BM": bm, "BN": bn, "warps": warps, "stages": stages}
+            try:
+                err = max(((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(outputs(), ref))
+                row["max_rel_err"] = err
+                if not err <= 1e-2:
+                    row["status"] = "FAIL"
+                elif kernel == "fwd":
+                    with torch.no_grad():
+                        row["ms"] = do_bench(lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5), rep=100,
+                                             return_mode="median")
+                    row["status"] = "ok"
+                else:
+                    row["ms"] = do_bench(lambda: torch.autograd.grad(FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5),
+                                                                     leaves, do), rep=100, return_mode="median")
+                    row["status"] = "ok"
+            except Exception as e:   # a configuration that fails to compile or launch is reported, not fatal
+                row["status"] = f"error: {type(e).__name__}: {str(e)[:80]}"
+            fused.TILES.update(default)
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def sweep_markdown(rows) -> str:
+    lines = ["", "## Tile sweep (fused core; the other kernels at their defaults)", "",
+             "| kernel | BM | BN | warps | stages | timed | ms | max rel. err vs default | status |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ms = f"{r['ms']:.3f}" if "ms" in r else ""
+        err = f"{r['max_rel_err']:.1e}" if "max_rel_err" in r else ""
+        timed = "fwd" if r["kernel"] == "fwd" else "fwd+bwd"
+        lines.append(f"| {r['kernel']} | {r['BM']} | {r['BN']} | {r['warps']} | {r['stages']} | {timed} | {ms} | {err} "
+                     f"| {r['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def to_markdown(rows, env, command) -> str:
+    lines = [f"# RA+MLA attention — {env['date']}, {env['device']}", "",
+             f"Command: `{command}`  ", f"torch {env['torch']}, triton {env['triton']}; H{H} D{D} L{L} W{W}, bf16, "
+             "forward and forward+backward medians (do_bench); peak = the attention's memory above its inputs "
+             "during forward+backward.", "",
+             "| B | T | variant | fwd ms | fwd+bwd ms | naive ÷ this (fwd+bwd) | ÷ SDPA (fwd+bwd) | peak GB | check vs naive (fp32) | status |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (B, T) in dict.fromkeys((r["B"], r["T"]) for r in rows):
+        group = [r for r in rows if (r["B"], r["T"]) == (B, T)]
+        by = {r["variant"]: r for r in group}
+        for r in group:
+            ok = r["status"] == "ok"
+            vs_naive = (f"{by['naive']['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}×"
+                        if ok and by["naive"]["status"] == "ok" else "")
+            sdpa = by["sdpa (GPT-2 MHA)"]
+            vs_sdpa = f"{r['fwdbwd_ms'] / sdpa['fwdbwd_ms']:.2f}" if ok and sdpa["status"] == "ok" else ""
+            cells = [f"{r[k]:.3f}" if ok else "" for k in ("fwd_ms", "fwdbwd_ms")]
+            peak = f"{r['peak_gb']:.2f}" if ok else ""
+            lines.append(f"| {B} | {T} | {r['variant']} | {cells[0]} | {cells[1]} | {vs_naive} | {vs_sdpa} | {peak} "
+                         f"| {r['check']} | {r['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        ok = [r for r in rows if r["variant"] == name and r["status"] == "ok"]
+        ax_t.plot([r["T"] for r in ok], [r["fwdbwd_ms"] for r in ok], "o-", label=name)
+        ax_m.plot([r["T"] for r in ok], [r["peak_gb"] for r in ok], "o-", label=name)
+    for ax, label in ((ax_t, "forward+backward ms"), (ax_m, "attention peak GB")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax_t.legend()
+    fig.suptitle(f"RA+MLA attention, B{rows[0]['B']} H{H} D{D} L{L} W{W}, bf16")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    from scripts.bench_kernels import environment
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-lens", default="2048,4096,8192")
+    p.add_argument("--heads-per-program", default="",
+                   help="also time the core with these backward head groups, e.g. 1,3,12 (default: the auto choice only)")
+    p.add_argument("--sweep", action="store_true", help="first time other tiles for each kernel at B, the first T")
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_ramla.py times CUDA kernels; run it on a GPU")
+    env, rows = environment(), []
+    command = "python scripts/bench_ramla.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-ramla"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    lens = [int(t) for t in args.seq_lens.split(",")]
+    swept = sweep(args.batch, lens[0], "cuda") if args.sweep else []
+    for T in lens:
+        rows += run(args.batch, T, "cuda", [int(h) for h in args.heads_per_program.split(",") if h])
+        md = to_markdown(rows, env, command) + (sweep_markdown(swept) if swept else "")
+        stem.with_suffix(".md").write_text(md)      # after every shape
+        stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows,
+                                                         "sweep": swept}, indent=1))
+    plot(rows, stem.with_suffix(".png"))
+    print(md)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
