@@ -1,5 +1,7 @@
-"""Plain softmax attention: the SDPA backend against the materialised oracle."""
+"""Plain softmax attention: the SDPA backend against the materialised oracle; the WMMA kernel (`fused`) against SDPA on the GPU."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -19,3 +21,89 @@ def test_sdpa_matches_reference(shape, causal):
 def test_large_logits_stay_finite():
     q, k, v = (torch.randn(1, 64, 2, 32) * 100 for _ in range(3))
     assert torch.isfinite(attention(q, k, v)).all() and torch.isfinite(attention_reference(q, k, v)).all()
+
+
+# ---- the `fused` backend: the WMMA CUDA kernel (issue [J]), forward only ----
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the WMMA kernel needs a CUDA GPU and nvcc")
+
+
+def wmma_vs_sdpa(B, T, H, causal, mult=1.0):
+    from ops.attention import fused
+
+    g = torch.Generator(device="cuda").manual_seed(T)
+    q, k, v = (torch.randn(B, T, H, 64, device="cuda", generator=g).half() for _ in range(3))
+    q, k = q * mult, k * mult
+    with torch.no_grad():
+        got = fused.attention(q, k, v, causal)
+        ref = attention(q, k, v, causal)                       # SDPA, fp16
+        exact = attention_reference(q, k, v, causal)           # fp32 scores and softmax
+    return got, ref, exact
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("B,T,H", [(1, 512, 8), (2, 100, 3), (1, 37, 1), (1, 1, 1), (8, 2048, 12)])
+def test_wmma_matches_sdpa(B, T, H, causal, poison_empty):
+    got, ref, exact = wmma_vs_sdpa(B, T, H, causal)
+    err = (got.float() - ref.float()).abs()
+    assert err.max().item() < 1e-3 and err.mean().item() < 1e-4, (err.max().item(), err.mean().item())
+    assert rel_err(got, exact) < 2e-3
+
+
+@needs_gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_wmma_large_logits(causal):
+    got, _, exact = wmma_vs_sdpa(1, 300, 2, causal, mult=12.0)    # scores in the thousands
+    assert torch.isfinite(got).all()
+    assert rel_err(got, exact) < 1e-2
+
+
+@needs_gpu
+def test_wmma_refuses_gradients_and_other_head_dims():
+    from ops import BackendError
+    from ops.attention import fused
+
+    q = torch.randn(1, 8, 1, 64, device="cuda", requires_grad=True)
+    with pytest.raises(BackendError, match="'attention'.*forward-only"):
+        fused.attention(q, q, q)
+    x = torch.randn(1, 8, 1, 32, device="cuda")
+    with pytest.raises(BackendError, match="head dim 32"):
+        fused.attention(x, x, x)
+
+
+@needs_gpu
+def test_wmma_kernel_info():
+    from ops.attention import fused
+
+    info = fused.kernel_info(causal=True)
+    assert info["registers"] > 0 and info["blocks_per_sm"] >= 1 and info["smem_bytes"] > 70_000, info
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
+def test_wmma_without_gpu_says_so():
+    from ops import BackendError, get_op
+
+    with pytest.raises(BackendError, match="'attention', backend 'fused'.*CUDA GPU.*naive"):
+        get_op("attention", "fused")
+
+
+@needs_gpu
+def test_wmma_in_gpt2_evaluation():
+    """gpt2 with --backend fused: the same logits as naive (SDPA) without gradients; a training
+    forward raises the op's error instead of training on another kernel."""
+    from model import build_model
+    from model.config import ModelConfig
+    from ops import BackendError
+
+    cfg = ModelConfig(family="gpt2", vocab_size=97, d_model=128, n_heads=2, n_layers=2, max_seq_len=256)
+    naive = build_model(cfg).cuda()
+    fused = build_model(dataclasses.replace(cfg, backend="fused")).cuda()
+    fused.load_state_dict(naive.state_dict())
+    idx = torch.randint(0, 97, (2, 200), device="cuda")
+    with torch.no_grad():
+        ref, got = naive(idx), fused(idx)
+    ref, got = (x[0] if isinstance(x, tuple) else x for x in (ref, got))
+    assert rel_err(got, ref) < 5e-3
+    with pytest.raises(BackendError, match="forward-only"):
+        fused(idx)
