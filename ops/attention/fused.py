@@ -29,6 +29,9 @@ def check_available() -> None:
     if not torch.cuda.is_available():
         raise BackendError("op 'attention', backend 'fused': the WMMA kernel needs a CUDA GPU; on this machine "
                            "use --backend naive (SDPA)")
+    if torch.cuda.get_device_capability() < (8, 0):
+        raise BackendError("op 'attention', backend 'fused': the WMMA kernel uses cp.async, which needs compute "
+                           "capability 8.0 (A100) or newer; use --backend naive (SDPA)")
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         raise BackendError("op 'attention', backend 'fused': the WMMA kernel is compiled at first use and needs "
                            "nvcc (the CUDA toolkit) on PATH or CUDA_HOME set; or use --backend naive (SDPA)")
@@ -36,7 +39,8 @@ def check_available() -> None:
 
 @functools.cache
 def extension():
-    """The compiled extension (forward, kernel_info); nvcc's -Xptxas -v report goes to the build log."""
+    """The compiled extension (forward, kernel_info). kernel_info() reports registers, spills and shared
+    memory; scripts/gpu_check_wmma.sh keeps nvcc's -Xptxas -v output from a verbose build."""
     from torch.utils.cpp_extension import load
 
     build = Path(os.environ.get("CHUNKFUSE_EXT_DIR", Path.home() / ".cache" / "chunkfuse" / "ext")) / "wmma_attention"
@@ -66,7 +70,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         raise BackendError("op 'attention', backend 'fused': the WMMA kernel is forward-only (evaluation and "
                            "generation); train with --backend naive (SDPA), or run under torch.no_grad()")
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # fp16, contiguous, and 16-byte aligned (a view at an odd storage offset is copied)
     qh, kh, vh = (x.half().contiguous() for x in (q, k, v))
+    qh, kh, vh = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (qh, kh, vh))
     o = torch.empty_like(qh)
     extension().forward(qh, kh, vh, o, causal, scale)
     return o.to(q.dtype)

@@ -12,6 +12,9 @@
 //   O += P V       4×4 WMMA products into O's 4 accumulator fragments (registers)
 // The end divides by l the same way, stages O through shared memory and writes 16-byte vectors.
 // q, k, v, o: [B, T, H, 64] with the last dimension contiguous (row stride H·64). Forward only.
+#include <cstddef>
+#include <cstdint>
+
 #include <cuda_fp16.h>
 #include <mma.h>
 
@@ -34,6 +37,8 @@ constexpr int WARPS = 4;
 constexpr int PAD_H = D + 8;   // fp16 row pitch: 144 bytes keeps 16-byte alignment and staggers banks
 constexpr int PAD_F = BC + 4;  // fp32 row pitch of the score / output staging
 
+static_assert(BR == BC, "the causal tile count and load_tile's bound assume square tiles");
+
 struct Smem {
   half q[BR][PAD_H];
   half k[2][BC][PAD_H];
@@ -42,6 +47,11 @@ struct Smem {
   half p[WARPS][16][PAD_H];
   float c[WARPS][16][16];      // row-broadcast factors
 };
+
+// WMMA loads and stores need 32-byte-aligned pointers: every member, and every row block used, starts on one
+static_assert(offsetof(Smem, k) % 32 == 0 && offsetof(Smem, v) % 32 == 0 && offsetof(Smem, s) % 32 == 0 &&
+              offsetof(Smem, p) % 32 == 0 && offsetof(Smem, c) % 32 == 0 && (16 * PAD_H * 2) % 32 == 0 &&
+              (16 * PAD_F * 4) % 32 == 0, "shared-memory layout breaks WMMA alignment");
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -195,11 +205,8 @@ void launch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
   const dim3 grid((T + BR - 1) / BR, H, B);
   const size_t smem = sizeof(Smem);
   auto kernel = wmma_attention_fwd_kernel<CAUSAL>;
-  static bool configured = false;  // once per process (and never inside a CUDA-graph capture after the first call)
-  if (!configured) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    configured = true;
-  }
+  // per launch: the limit is per device, and the call is not a stream operation (allowed in graph capture)
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   kernel<<<grid, WARPS * 32, smem, c10::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const half*>(q.data_ptr<at::Half>()), reinterpret_cast<const half*>(k.data_ptr<at::Half>()),
       reinterpret_cast<const half*>(v.data_ptr<at::Half>()), reinterpret_cast<half*>(o.data_ptr<at::Half>()), T, H,
@@ -213,13 +220,17 @@ void launch(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor&
 torch::Tensor forward(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor o, bool causal, double scale) {
   for (const auto* x : {&q, &k, &v, &o}) {
     TORCH_CHECK(x->is_cuda() && x->scalar_type() == at::kHalf, "wmma attention: q, k, v, o must be fp16 CUDA tensors");
+    TORCH_CHECK(x->device() == q.device(), "wmma attention: q, k, v, o must be on one device");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(x->data_ptr()) % 16 == 0,
+                "wmma attention: q, k, v, o must start 16-byte aligned (cp.async and the vector stores)");
     TORCH_CHECK(x->dim() == 4 && x->size(3) == D, "wmma attention: expected [B, T, H, 64], got ", x->sizes());
     TORCH_CHECK(x->is_contiguous(), "wmma attention: q, k, v, o must be contiguous [B, T, H, 64]");
   }
   TORCH_CHECK(q.sizes() == k.sizes() && q.sizes() == v.sizes() && q.sizes() == o.sizes(),
               "wmma attention: q, k, v, o shapes differ");
   const c10::cuda::CUDAGuard guard(q.device());
-  if (q.size(1) > 0) {
+  TORCH_CHECK(q.size(0) <= 65535 && q.size(2) <= 65535, "wmma attention: B and H must be at most 65535 (grid)");
+  if (q.numel() > 0) {
     if (causal) launch<true>(q, k, v, o, scale);
     else launch<false>(q, k, v, o, scale);
   }
