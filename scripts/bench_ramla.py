@@ -7,8 +7,9 @@ the plain GPT-2's attention (SDPA, 12 heads of 64) at the same shape, side by si
 
 Each row: forward and forward+backward medians (triton.testing.do_bench), and the attention's own
 peak memory in the forward+backward (the peak above the inputs, which are allocated first). fused is
-checked against naive in fp32 before timing wherever naive fits in memory; a row that runs out of
-memory says so. `fused core` is the flash kernels alone on precomputed q_lat (without the W_ql and
+checked against naive in fp32 before timing wherever naive fits in memory, on fp32 inputs and on the
+timed bf16 ones; a row that runs out of memory says so. naive is the oracle: it computes in fp32 (no
+TF32) whatever its inputs, so its times and memory are those of an fp32 T×T implementation. `fused core` is the flash kernels alone on precomputed q_lat (without the W_ql and
 W_vu GEMMs), at the backward's automatic head grouping and, with --heads-per-program, at others. Writes bench/results/<date>-<device>-ramla.{md,json,png}.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ if __package__ in (None, ""):
 import torch
 
 H, D, L, W = 12, 64, 64, 64     # gpt2_ramla_124m
+NAIVE = "naive (fp32 inside)"   # the oracle upcasts to fp32 (no TF32): T×T scores in fp32 whatever the inputs
 
 
 def ramla_inputs(B, T, device, dtype=torch.bfloat16):
@@ -57,7 +59,7 @@ def variants(B, T, device, heads_per_program=()):
     q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.bfloat16()).view(H, B, T, L).detach().requires_grad_()
     mha = [torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
     return {
-        "naive": (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
+        "naive (fp32 inside)": (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
         "fused": (lambda: fused.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
         "fused core": (lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5), [q_lat, k, v, alpha]),
         "sdpa (GPT-2 MHA)": (lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -69,11 +71,12 @@ def variants(B, T, device, heads_per_program=()):
 def measure(fn, leaves) -> dict:
     from triton.testing import do_bench
 
+    with torch.no_grad():
+        do = torch.randn_like(fn())              # the upstream gradient is not the attention's memory
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     out = fn()
-    do = torch.randn_like(out)
     torch.autograd.grad(out, leaves, do)
     del out
     torch.cuda.synchronize()
@@ -88,24 +91,30 @@ def measure(fn, leaves) -> dict:
             "peak_gb": peak_gb, "status": "ok"}
 
 
-def check(B, T, device) -> float:
-    """Largest relative error of fused's output and gradients against naive, both fp32 inputs."""
+def check(B, T, device) -> str:
+    """Largest relative error of fused's output and gradients against naive in fp32: fused on fp32 inputs
+    (the exact-dot kernels) and on bf16 ones (the tensor-core kernels that are timed). A NaN shows as nan."""
     from ops.ramla import fused, naive
 
     x = [t.detach().float().requires_grad_() for t in ramla_inputs(B, T, device)]
     gen = torch.Generator(device=device).manual_seed(1)
     do = torch.randn(B, T, H, D, device=device, generator=gen)
-    results = []
-    for op in (naive.ramla, fused.ramla):
-        out = op(*x[:5], x[5], W)
-        results.append([out, *torch.autograd.grad(out, x, do)])
-    return max(((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(*results))
+    out = naive.ramla(*x[:5], x[5], W)
+    ref = [out, *torch.autograd.grad(out, x, do)]
+    errs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(x)]
+        out = fused.ramla(*xs[:5], xs[5], W)
+        got = [out, *torch.autograd.grad(out, xs, do.to(out.dtype))]
+        e = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
+        errs.append(float("nan") if any(v != v for v in e) else max(e))
+    return f"fp32 {errs[0]:.1e}, bf16 {errs[1]:.1e}"
 
 
 def run(B, T, device, heads_per_program=()) -> list[dict]:
     rows = []
     try:
-        err = f"{check(B, T, device):.1e}"
+        err = check(B, T, device)
     except torch.OutOfMemoryError:
         err = "naive OOM"
     torch.cuda.empty_cache()
@@ -150,9 +159,10 @@ def sweep(B, T, device) -> list[dict]:
             fused.TILES[kernel] = dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
             row = {"kernel": kernel, "BM": bm, "BN": bn, "warps": warps, "stages": stages}
             try:
-                err = max(((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(outputs(), ref))
+                errs = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(outputs(), ref)]
+                err = float("nan") if any(e != e for e in errs) else max(errs)
                 row["max_rel_err"] = err
-                if not err <= 1e-2:
+                if not err <= 1e-2:                       # NaN fails too
                     row["status"] = "FAIL"
                 elif kernel == "fwd":
                     with torch.no_grad():
@@ -196,8 +206,8 @@ def to_markdown(rows, env, command) -> str:
         by = {r["variant"]: r for r in group}
         for r in group:
             ok = r["status"] == "ok"
-            vs_naive = (f"{by['naive']['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}×"
-                        if ok and by["naive"]["status"] == "ok" else "")
+            naive = by[NAIVE]
+            vs_naive = f"{naive['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}×" if ok and naive["status"] == "ok" else ""
             sdpa = by["sdpa (GPT-2 MHA)"]
             vs_sdpa = f"{r['fwdbwd_ms'] / sdpa['fwdbwd_ms']:.2f}" if ok and sdpa["status"] == "ok" else ""
             cells = [f"{r[k]:.3f}" if ok else "" for k in ("fwd_ms", "fwdbwd_ms")]

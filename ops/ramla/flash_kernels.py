@@ -211,8 +211,11 @@ def ramla_bwd_dq_kernel(q, k, v, do, lse, delta, alpha, dq_band, dq, dk, scale, 
     o_m = i_m * BM + tl.arange(0, BM)
     m_m = o_m < T
     o_l = tl.arange(0, L)
-    b_kq = _rows(k, i_b, o_m, m_m, o_l, T, L)
-    a = tl.load(alpha).to(tl.float32) if BAND else 0.0
+    if BAND:
+        b_kq = _rows(k, i_b, o_m, m_m, o_l, T, L)
+        a = tl.load(alpha).to(tl.float32)
+    else:
+        b_kq, a = tl.zeros([BM, L], dtype=k.dtype.element_ty), 0.0
     b_dkb = tl.zeros([BM, L], dtype=tl.float32)
     lo = tl.maximum(i_m * BM - W, 0) // BN * BN
     hi = tl.minimum((i_m + 1) * BM, T)

@@ -38,24 +38,27 @@ class FlashRAMLA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, alpha, window, scale):
         """q: [H, B, T, L] (head-major q_lat); k, v: [B, T, L] → o [H, B, T, L]."""
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         H, B, T, L = q.shape
         band = alpha is not None
-        W = window if band else 0
+        W = min(window, T) if band else 0        # a wider band is the whole causal triangle (and stays in int32)
         o = torch.empty_like(q)
         lse = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
-        a = alpha.detach() if band else lse          # a dummy pointer without the band
+        a = alpha.detach().reshape(()).to(q.device, torch.float32) if band else lse   # a dummy pointer without the band
         fwd = TILES["fwd"]
         ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](q, k, v, o, lse, a, scale, B, T, W, H=H, L=L, BAND=band,
                                                             PREC=dot_precision(q), **fwd)
         ctx.save_for_backward(q, k, v, o, lse, *([alpha] if band else []))
         ctx.window, ctx.scale, ctx.band = W, scale, band
+        ctx.heads_per_program = heads_per_program(B, T, H, q.device)   # chosen now: overrides hold for the call
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
     def backward(ctx, do):
         q, k, v, o, lse, *alpha = ctx.saved_tensors
         H, B, T, L = q.shape
-        HP = heads_per_program(B, T, H, q.device)
+        HP = ctx.heads_per_program
         G = H // HP
         do = do.contiguous()
         delta = (do.float() * o.float()).sum(-1)                                          # [H, B, T]
@@ -65,7 +68,7 @@ class FlashRAMLA(torch.autograd.Function):
         dk_row = torch.empty(B, T, G, L, **f32) if ctx.band else dk_col
         dkv, dqt = TILES["dkv"], TILES["dq"]
         dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
-        a = alpha[0].detach() if ctx.band else lse
+        a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
         meta = dict(H=H, HP=HP, L=L, BAND=ctx.band, PREC=dot_precision(q))
         ramla_bwd_dkv_kernel[(triton.cdiv(T, dkv["BN"]), G, B)](q, k, v, do, lse, delta, a, dk_col, dv, dq_band,
                                                                 dalpha, ctx.scale, B, T, ctx.window, **meta, **dkv)
@@ -73,7 +76,7 @@ class FlashRAMLA(torch.autograd.Function):
         ramla_bwd_dq_kernel[(triton.cdiv(T, dqt["BM"]), G, B)](q, k, v, do, lse, delta, a, dq_band, dq, dk_row,
                                                                ctx.scale, B, T, ctx.window, **meta, **dqt)
         dk = dk_col.sum(2) + dk_row.sum(2) if ctx.band else dk_col.sum(2)
-        da = dalpha.sum().to(alpha[0].dtype) if ctx.band else None
+        da = dalpha.sum().reshape(alpha[0].shape).to(alpha[0]) if ctx.band else None
         return dq, dk.to(k.dtype), dv.sum(2).to(v.dtype), da, None, None
 
 
