@@ -41,23 +41,35 @@ def _in_band(d, W):
 
 
 @triton.jit
+def _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L: tl.constexpr, MASKED: tl.constexpr,
+            BAND: tl.constexpr, PREC: tl.constexpr):
+    """Scores of query rows o_m against key rows o_n [BM, BN] (the forward's and the dq kernel's
+    orientation), with the band and the masks where MASKED; also the key rows' k, v and, with the
+    band, their q (else k again, unused)."""
+    m_n = o_n < T
+    b_k = _rows(k, i_b, o_n, m_n, o_l, T, L)
+    b_v = _rows(v, i_b, o_n, m_n, o_l, T, L)
+    b_qn = b_k
+    s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
+    if MASKED:
+        d = o_m[:, None] - o_n[None, :]
+        if BAND:
+            b_qn = _rows(q, i_q, o_n, m_n, o_l, T, L)                    # q at the key rows
+            st = tl.dot(b_kq, tl.trans(b_qn), input_precision=PREC)     # k_i·q_j
+            s += tl.where(_in_band(d, W), (a * scale) * st, 0.0)
+        s = tl.where((d >= 0) & m_n[None, :], s, float("-inf"))
+    return s, b_k, b_v, b_qn
+
+
+@triton.jit
 def _fwd_inner(acc, m_i, l_i, b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_l, scale, T, W, lo, hi,
                L: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, BAND: tl.constexpr,
                PREC: tl.constexpr):
     """Online softmax over the key blocks in [lo, hi). MASKED: the blocks at the diagonal and the band."""
     for start in range(lo, hi, BN):
         o_n = start + tl.arange(0, BN)
-        m_n = o_n < T
-        b_k = _rows(k, i_b, o_n, m_n, o_l, T, L)
-        b_v = _rows(v, i_b, o_n, m_n, o_l, T, L)
-        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
-        if MASKED:
-            d = o_m[:, None] - o_n[None, :]
-            if BAND:
-                b_qn = _rows(q, i_q, o_n, m_n, o_l, T, L)                # q at the key rows
-                st = tl.dot(b_kq, tl.trans(b_qn), input_precision=PREC)         # k_i·q_j
-                s += tl.where(_in_band(d, W), (a * scale) * st, 0.0)
-            s = tl.where((d >= 0) & m_n[None, :], s, float("-inf"))
+        s, b_k, b_v, b_qn = _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L, MASKED, BAND,
+                                    PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         corr = tl.exp(m_i - m_new)
@@ -180,23 +192,15 @@ def _dq_inner(b_dq, b_dkb, b_q, b_do, b_lse, b_delta, b_kq, a, q, k, v, i_b, i_q
     """One head's key blocks in [lo, hi) against query block o_m."""
     for start in range(lo, hi, BN):
         o_n = start + tl.arange(0, BN)
-        m_n = o_n < T
-        b_k = _rows(k, i_b, o_n, m_n, o_l, T, L)
-        b_v = _rows(v, i_b, o_n, m_n, o_l, T, L)
-        s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC) * scale
-        if MASKED:
-            d = o_m[:, None] - o_n[None, :]
-            if BAND:
-                b_qn = _rows(q, i_q, o_n, m_n, o_l, T, L)
-                s += tl.where(_in_band(d, W), (a * scale) * tl.dot(b_kq, tl.trans(b_qn), input_precision=PREC), 0.0)
-            s = tl.where((d >= 0) & m_n[None, :], s, float("-inf"))
+        s, b_k, b_v, b_qn = _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L, MASKED, BAND,
+                                    PREC)
         p = tl.exp(s - b_lse[:, None])
         dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
         ds = p * (dp - b_delta[:, None])
         b_dq += tl.dot(ds.to(b_k.dtype), b_k, input_precision=PREC)
         if MASKED:
             if BAND:
-                dsb = tl.where(_in_band(d, W), ds, 0.0)
+                dsb = tl.where(_in_band(o_m[:, None] - o_n[None, :], W), ds, 0.0)
                 b_dkb += tl.dot(dsb.to(b_qn.dtype), b_qn, input_precision=PREC)
     return b_dq, b_dkb
 
