@@ -40,14 +40,15 @@ def check_available() -> None:
 @functools.cache
 def extension():
     """The compiled extension (forward, kernel_info). kernel_info() reports registers, spills and shared
-    memory; scripts/gpu_check_wmma.sh keeps nvcc's -Xptxas -v output from a verbose build."""
+    memory; CHUNKFUSE_EXT_VERBOSE=1 prints the build, nvcc's -Xptxas -v report included."""
     from torch.utils.cpp_extension import load
 
     build = Path(os.environ.get("CHUNKFUSE_EXT_DIR", Path.home() / ".cache" / "chunkfuse" / "ext")) / "wmma_attention"
     build.mkdir(parents=True, exist_ok=True)
     try:
         return load(name="chunkfuse_wmma_attention", sources=[str(_SOURCE)], build_directory=str(build),
-                    extra_cuda_cflags=["-O3", "-Xptxas=-v", "--use_fast_math"], verbose=False)
+                    extra_cuda_cflags=["-O3", "-Xptxas=-v", "--use_fast_math"],
+                    verbose=os.environ.get("CHUNKFUSE_EXT_VERBOSE") == "1")
     except (RuntimeError, OSError) as e:
         raise BackendError(f"op 'attention', backend 'fused': building the WMMA kernel failed ({e}); see the build "
                            f"log in {build}, or use --backend naive (SDPA)") from e
