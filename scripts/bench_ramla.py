@@ -43,7 +43,7 @@ def ramla_inputs(B, T, device, dtype=torch.bfloat16):
 def variants(B, T, device, heads_per_program=()):
     """name → (forward function returning one tensor, leaves needing grad)."""
     from ops.ramla import fused, naive
-    from ops.ramla.fused import FlashRAMLA
+    from ops.ramla.fused import FlashRAMLA, latent_queries
 
     def with_hp(hp):
         def core():
@@ -56,7 +56,7 @@ def variants(B, T, device, heads_per_program=()):
 
     x = ramla_inputs(B, T, device)
     q, k, v, w_ql, w_vu, alpha = x
-    q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.bfloat16()).view(H, B, T, L).detach().requires_grad_()
+    q_lat = latent_queries(q, w_ql).detach().requires_grad_()
     mha = [torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
     return {
         "naive (fp32 inside)": (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
@@ -142,10 +142,10 @@ def sweep(B, T, device) -> list[dict]:
     from triton.testing import do_bench
 
     from ops.ramla import fused
-    from ops.ramla.fused import FlashRAMLA
+    from ops.ramla.fused import FlashRAMLA, latent_queries
 
     q, k, v, w_ql, *_, alpha = ramla_inputs(B, T, device)
-    q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.bfloat16()).view(H, B, T, L).detach().requires_grad_()
+    q_lat = latent_queries(q, w_ql).detach().requires_grad_()
     leaves = [q_lat, k, v, alpha]
     do = torch.randn(H, B, T, L, device=device, dtype=torch.bfloat16)
 

@@ -108,12 +108,18 @@ def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch
         raise ValueError(f"ramla: the band W must be ≥ 0, got {window}")
     scale = L ** -0.5 if scale is None else scale
     B, T, H, D = q.shape
-    # batched GEMMs over the heads, in the layout bmm writes (and its backward reads) without copies
-    q_lat = torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.to(q.dtype))     # [H, B·T, L]
+    q_lat = latent_queries(q, w_ql)
     k_lat, v_lat = (x.to(q_lat.dtype).contiguous() for x in (k_lat, v_lat))
-    ctx = FlashRAMLA.apply(q_lat.view(H, B, T, L), k_lat, v_lat, alpha, window, scale)
+    ctx = FlashRAMLA.apply(q_lat, k_lat, v_lat, alpha, window, scale)
     out = torch.bmm(ctx.view(H, B * T, L), w_vu.to(ctx.dtype))                       # [H, B·T, D]
     return out.transpose(0, 1).view(B, T, H, D)
+
+
+def latent_queries(q: torch.Tensor, w_ql: torch.Tensor) -> torch.Tensor:
+    """q [B, T, H, D], w_ql [H, D, L] → q_lat [H, B, T, L]: one batched GEMM over the heads, in the layout
+    bmm writes (and its backward reads) without copies, which is the one the kernels take."""
+    B, T, H, D = q.shape
+    return torch.bmm(q.reshape(B * T, H, D).transpose(0, 1), w_ql.to(q.dtype)).view(H, B, T, -1)
 
 
 def build(fuse: frozenset[str]) -> Callable:
