@@ -6,7 +6,10 @@
 Each variant's output is checked against SDPA's default first (max and mean absolute error). Times are
 do_bench medians: `eager` is what a caller sees (Python and launch included), `graph` replays a CUDA
 graph of the call, the device time alone. The compiler's report (registers, spills, shared memory,
-occupancy) heads the table. Writes bench/results/<date>-<device>-wmma.{md,json,png}.
+occupancy) heads the table. `wmma split=S` pins the kernel's key split (S groups of 4 warps per block);
+`wmma (ours)` is the op as the model calls it, with plan_split's choice. `launch floor` times a kernel that
+writes one element: what a single launch costs under the same timer. Writes
+bench/results/<date>-<device>-wmma.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -37,12 +40,20 @@ def variants():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return run
 
-    def wmma(q, k, v, causal):    # the op takes [B, T, H, D]; SDPA's layout is [B, H, T, D]
-        return fused.attention(q, k, v, causal)
+    def wmma(split=None):         # the op takes [B, T, H, D]; SDPA's layout is [B, H, T, D]
+        def run(q, k, v, causal):
+            return fused.attention(q, k, v, causal) if split is None else fused.wmma_attention(q, k, v, causal, None, split)
+        return run
 
-    return {"wmma (ours)": (wmma, "bthd"), "sdpa": (sdpa(), "bhtd"), "sdpa flash": (sdpa(SDPBackend.FLASH_ATTENTION), "bhtd"),
+    one = torch.empty(1, device="cuda")
+
+    def floor(q, k, v, causal):
+        return one.fill_(1.0)
+
+    splits = {f"wmma split={s}": (wmma(s), "bthd") for s in fused.SPLITS}
+    return {"wmma (ours)": (wmma(), "bthd"), **splits, "sdpa": (sdpa(), "bhtd"), "sdpa flash": (sdpa(SDPBackend.FLASH_ATTENTION), "bhtd"),
             "sdpa cudnn": (sdpa(SDPBackend.CUDNN_ATTENTION), "bhtd"),
-            "sdpa efficient": (sdpa(SDPBackend.EFFICIENT_ATTENTION), "bhtd")}
+            "sdpa efficient": (sdpa(SDPBackend.EFFICIENT_ATTENTION), "bhtd"), "launch floor": (floor, "bthd")}
 
 
 def run_shape(B, H, S, causal) -> list[dict]:
@@ -61,7 +72,8 @@ def run_shape(B, H, S, causal) -> list[dict]:
                 out = out if layout == "bthd" else out.transpose(1, 2)
                 if ref is None and name == "sdpa":
                     ref = out.float()
-                row["out"] = out.float()
+                if name != "launch floor":
+                    row["out"] = out.float()
                 row["eager_us"] = 1e3 * do_bench(lambda: fn(*args, causal), warmup=25, rep=100, return_mode="median")
                 row["graph_us"] = 1e3 * do_bench_cudagraph(lambda: fn(*args, causal), rep=100, return_mode="median")
                 row["status"] = "ok"
@@ -78,14 +90,15 @@ def run_shape(B, H, S, causal) -> list[dict]:
     return rows
 
 
-def to_markdown(rows, env, info, command) -> str:
+def to_markdown(rows, env, info, plan, command) -> str:
     lines = [f"# WMMA attention beside SDPA — {env['date']}, {env['device']}", "", f"Command: `{command}`  ",
              f"torch {env['torch']}; fp16, D = 64; do_bench medians in µs (eager: the call as a user makes it; "
              "graph: CUDA-graph replay, device time only); errors against SDPA's default backend.", "",
-             "Compiler and occupancy (wmma, causal / non-causal): " + "; ".join(
-                 f"{'causal' if c else 'non-causal'}: {i['registers']} registers/thread, {i['spill_bytes']} B spilled, "
-                 f"{i['smem_bytes']} B shared memory/block, {i['blocks_per_sm']} blocks ({i['warps_per_sm']} warps)/SM"
-                 for c, i in info.items()), "",
+             "Compiler and occupancy of each wmma variant (nvcc -Xptxas -v, cudaOccupancy…):", "",
+             *(f"- {'causal' if c else 'non-causal'}, split={s}: {i['registers']} registers/thread, {i['spill_bytes']} B "
+               f"spilled, {i['smem_bytes']} B shared memory/block, {i['blocks_per_sm']} blocks ({i['warps_per_sm']} "
+               f"warps)/SM" for (c, s), i in info.items()), "",
+             "Split chosen by plan_split: " + ", ".join(f"B{B} H{H} S{S}: {plan[(B, H, S)]}" for B, H, S in SHAPES), "",
              "| B | H | S | causal | variant | eager µs | graph µs | ÷ sdpa (eager) | max abs err | mean abs err | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -109,13 +122,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit("bench_wmma.py times CUDA kernels; run it on a GPU")
     env = environment()
     command = "python scripts/bench_wmma.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    info = {c: fused.kernel_info(c) for c in (True, False)}
+    info = {(c, s): fused.kernel_info(c, s) for c in (True, False) for s in fused.SPLITS}
+    plan = {(B, H, S): fused.plan_split(B, H, S, True) for B, H, S in SHAPES}
     rows = [r for B, H, S in SHAPES for c in (False, True) for r in run_shape(B, H, S, c)]
     stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-wmma"
     stem.parent.mkdir(parents=True, exist_ok=True)
-    md = to_markdown(rows, env, info, command)
+    md = to_markdown(rows, env, info, plan, command)
     stem.with_suffix(".md").write_text(md)
     stem.with_suffix(".json").write_text(json.dumps({"env": env, "kernel_info": {str(k): v for k, v in info.items()},
+                                                     "plan": {str(k): v for k, v in plan.items()},
                                                      "rows": rows}, indent=1))
     plot(rows, stem.with_suffix(".png"))
     print(md)

@@ -6,6 +6,12 @@ Built at first use with torch's C++-extension loader (cached under $CHUNKFUSE_EX
 The kernel takes fp16: bf16 or fp32 inputs are cast to fp16 and the output back. It has no backward:
 it serves evaluation and generation, and a forward that would need gradients raises an error naming
 the op rather than training on another kernel.
+
+Key split: a block owns a 64-row query tile; when B·H·⌈T/64⌉ blocks leave SMs idle, its warps form 2 or
+4 groups that each take every 2nd/4th key tile and are merged at the end (`plan_split`, logged by
+`kernel_info`). The kernel relies on the fp32 accumulator fragment layout of sm_80/sm_90; the first
+build checks it against `probe_layout()` and refuses to run if this GPU and compiler lay it out
+differently.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from ops import BackendError
 
 COMPONENTS = ()                # one kernel; `--fuse` has nothing to choose here
 HEAD_DIMS = (64,)
+SPLITS = (1, 2, 4)             # key groups per block: 4, 8 or 16 warps
 _SOURCE = Path(__file__).parent / "csrc" / "wmma_attention.cu"
 
 
@@ -46,24 +53,59 @@ def extension():
     build = Path(os.environ.get("CHUNKFUSE_EXT_DIR", Path.home() / ".cache" / "chunkfuse" / "ext")) / "wmma_attention"
     build.mkdir(parents=True, exist_ok=True)
     try:
-        return load(name="chunkfuse_wmma_attention", sources=[str(_SOURCE)], build_directory=str(build),
-                    extra_cuda_cflags=["-O3", "-Xptxas=-v", "--use_fast_math"],
-                    verbose=os.environ.get("CHUNKFUSE_EXT_VERBOSE") == "1")
+        ext = load(name="chunkfuse_wmma_attention", sources=[str(_SOURCE)], build_directory=str(build),
+                   extra_cuda_cflags=["-O3", "-Xptxas=-v", "--use_fast_math"],
+                   verbose=os.environ.get("CHUNKFUSE_EXT_VERBOSE") == "1")
     except (RuntimeError, OSError) as e:
         raise BackendError(f"op 'attention', backend 'fused': building the WMMA kernel failed ({e}); see the build "
                            f"log in {build}, or use --backend naive (SDPA)") from e
+    got = ext.probe_layout()
+    if not torch.equal(got, assumed_layout()):
+        raise BackendError("op 'attention', backend 'fused': this GPU/compiler lays out WMMA's fp32 accumulator "
+                           "fragments differently from the sm_80/sm_90 layout the kernel's softmax assumes "
+                           f"(probe: {got.tolist()[:2]}…); use --backend naive (SDPA)")
+    return ext
 
 
-def kernel_info(causal: bool = True) -> dict:
+def assumed_layout() -> torch.Tensor:
+    """[32, 8] flat index row·16 + col of each lane's accumulator element, as the kernel assumes it
+    (two mma.m16n8k16 C tiles side by side: g = lane // 4, t = lane % 4)."""
+    lane, i = torch.arange(32)[:, None], torch.arange(8)[None, :]
+    row = lane // 4 + 8 * ((i // 2) % 2)
+    col = 2 * (lane % 4) + i % 2 + 8 * (i // 4)
+    return (row * 16 + col).to(torch.int32)
+
+
+def plan_split(B: int, H: int, T: int, causal: bool, sms: int | None = None) -> int:
+    """Key groups per block. Splitting pays only when the B·H·⌈T/64⌉ blocks leave SMs idle; each group
+    keeps at least two key tiles (the longest row of a causal launch has ⌈T/64⌉)."""
+    sms = sms or torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    tiles = -(-T // 64)
+    blocks = B * H * tiles
+    split = 1
+    for s in SPLITS:
+        if blocks <= sms and tiles >= 2 * s:
+            split = s
+    return split
+
+
+def kernel_info(causal: bool = True, split: int = 1) -> dict:
     """Registers per thread, spilled bytes, shared memory per block and resident blocks per SM."""
-    regs, local, static_smem, dyn_smem, blocks = extension().kernel_info(causal)
-    return {"registers": regs, "spill_bytes": local, "smem_bytes": static_smem + dyn_smem, "blocks_per_sm": blocks,
-            "warps_per_sm": blocks * 4}
+    regs, local, static_smem, dyn_smem, blocks, threads = extension().kernel_info(causal, split)
+    return {"split": split, "registers": regs, "spill_bytes": local, "smem_bytes": static_smem + dyn_smem,
+            "blocks_per_sm": blocks, "warps_per_sm": blocks * threads // 32}
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
               scale: float | None = None) -> torch.Tensor:
     """q, k, v: [B, T, H, 64] → o [B, T, H, 64] in q's dtype (computed in fp16 with fp32 accumulation)."""
+    return wmma_attention(q, k, v, causal, scale)
+
+
+def wmma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                   scale: float | None = None, split: int | None = None) -> torch.Tensor:
+    """The op with the key split made explicit (None: plan_split's choice); tests and the benchmark
+    pin it to check and time each variant."""
     if q.shape[-1] not in HEAD_DIMS:
         raise BackendError(f"op 'attention', backend 'fused': head dim {q.shape[-1]} is not supported by the WMMA "
                            f"kernel (head dims: {HEAD_DIMS}); use --backend naive (SDPA)")
@@ -74,8 +116,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     # fp16, contiguous, and 16-byte aligned (a view at an odd storage offset is copied)
     qh, kh, vh = (x.half().contiguous() for x in (q, k, v))
     qh, kh, vh = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (qh, kh, vh))
+    B, T, H, _ = q.shape
+    split = plan_split(B, H, T, causal) if split is None else split
+    if split not in SPLITS:
+        raise BackendError(f"op 'attention', backend 'fused': key split {split} is not built (splits: {SPLITS})")
     o = torch.empty_like(qh)
-    extension().forward(qh, kh, vh, o, causal, scale)
+    extension().forward(qh, kh, vh, o, causal, scale, split)
     return o.to(q.dtype)
 
 
