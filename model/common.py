@@ -47,9 +47,14 @@ class Block(nn.Module):
         self.mixer = mixer
         self.mlp_norm = norm() if mlp is not None else None
         self.mlp = mlp
+        # A mixer whose output op adds the residual itself (ops/proj_out: in its GEMM's epilogue when fused)
+        self.mixer_adds_residual = getattr(mixer, "adds_residual", False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mixer(self.mixer_norm(x))
+        if self.mixer_adds_residual:
+            x = self.mixer(self.mixer_norm(x), residual=x)
+        else:
+            x = x + self.mixer(self.mixer_norm(x))
         return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
 
@@ -74,14 +79,32 @@ def init_ssm_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
         dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))                   # inverse softplus
 
 
-def resolve_op(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
+def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Callable, str]:
     """`op` on cfg.backend with cfg.fuse's components, and the label the run log records for it
-    (`fused[chunk]` names what is actually fused). Mixers call this once, when constructed."""
+    (`fused[chunk]` names what is actually fused). Mixers call this once, when constructed.
+    has_proj: the mixer also resolves a projection-chain op (resolve_proj); without one, naming
+    `proj` in --fuse is an error rather than a silently unfused projection."""
     fuse = parse_fuse(cfg.fuse)
-    if fuse is not None and "proj" in fuse:
-        raise BackendError("the fused 'proj' component (issue [H], the projection chain) is not implemented "
-                           "yet; drop it from --fuse")
+    if fuse is not None and "proj" in fuse and not has_proj:
+        raise BackendError(f"op {op!r} ({cfg.family}): the fused 'proj' component (issue [H], the projection "
+                           "chain) is not implemented for this family yet (GLA has it); drop it from --fuse")
     return get_op(op, cfg.backend, fuse), fused_label(op, cfg.backend, fuse)
+
+
+def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
+    """A layer-level projection-chain op (ops/proj_*, issue [H]): its `fused` backend where cfg names
+    the `proj` component (--backend fused --fuse proj,…), else its `naive` one, the PyTorch chain the
+    layer always ran; with the label the run log records.
+
+    Unlike the mixer ops' components, `proj` is opt-in: a bare `--backend fused` leaves it out. On the
+    H100 the fused output side is still slower than the unfused chain (0.89× forward+backward at
+    B8 T4096 d2048, bench/results/2026-11-24-h100-proj.md), and fused throughput numbers should
+    stay comparable with earlier ones until it wins."""
+    fuse = parse_fuse(cfg.fuse)
+    if cfg.backend == "fused" and fuse is not None and "proj" in fuse:
+        proj = frozenset({"proj"})
+        return get_op(op, "fused", proj), fused_label(op, "fused", proj)
+    return get_op(op, "naive"), "naive"
 
 
 class CausalLM(nn.Module):

@@ -3,6 +3,9 @@
     q = x W_q,  k = x W_k,  v = x W_v,  gk = logsigmoid(x W_g1 W_g2 + b) / 16
     S_t = diag(exp(gk_t)) S_{t-1} + k_tᵀ v_t,   o_t = (q_t K^{-1/2}) S_t
     y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
+
+The output side (norm, gate, W_o and the block's residual add) is the layer-level op `proj_out`
+(ops/proj_out/), fused into one GEMM by the `proj` component (`--backend fused --fuse proj,...`; opt-in, issue [H]).
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, resolve_op
+from model.common import CausalLM, RMSNorm, resolve_op, resolve_proj
 from model.config import ModelConfig
 
 
@@ -28,19 +31,21 @@ class GLAMixer(nn.Module):
         self.o_norm = RMSNorm(V, cfg.norm_eps)                              # per head, weight shared by heads
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
-        self.gla, label = resolve_op(cfg, "gla")
-        self.resolved_ops = {"gla": label}
+        self.gla, label = resolve_op(cfg, "gla", has_proj=True)
+        self.proj_out, proj_label = resolve_proj(cfg, "proj_out")
+        # the log names proj_out only when fused: the naive chain is what every other run has always run
+        self.resolved_ops = {"gla": label, **({"proj_out": proj_label} if proj_label != "naive" else {})}
+        self.adds_residual = True                                           # proj_out adds the block's residual
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, d] → [B, T, d]."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.H, self.K)
         k = self.k_proj(x).view(B, T, self.H, self.K)
         v = self.v_proj(x).view(B, T, self.H, self.V)
         gk = F.logsigmoid(self.gk_up(self.gk_down(x)).float()).view(B, T, self.H, self.K) / self.normalizer
         o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5)                  # [B, T, H, V]
-        o = self.o_norm(o) * F.silu(self.r_proj(x).view(B, T, self.H, self.V))
-        return self.o_proj(o.reshape(B, T, self.H * self.V))
+        return self.proj_out(o, self.r_proj(x), self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
     def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
         """Mixer FLOPs beyond the projections, fwd + bwd (3× fwd), chunkwise form: per head the

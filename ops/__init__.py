@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 BACKENDS = ("naive", "chunk", "fused", "fla")
-FUSE_COMPONENTS = ("proj", "state", "chunk")   # DESIGN §4; `proj` lives in the model, the others in ops
+# DESIGN §4. `proj` is the layer-level ops ops/proj_* (issue [H]) that a mixer resolves beside its own op
+# (model.common.resolve_proj), so a mixer op is never asked for it; `state` and `chunk` live in the mixer ops.
+FUSE_COMPONENTS = ("proj", "state", "chunk")
 _ROOT = Path(__file__).parent
 
 

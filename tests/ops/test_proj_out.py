@@ -1,0 +1,172 @@
+"""The fused output projection (issue [H], ops/proj_out/fused.py) against its naive oracle: the output and
+the gradient of every input (o, r, the norm weight, W_o, the residual); fp32 under the Triton interpreter at
+ragged sizes, bf16 on the GPU at the seed's shape; the registry and model wiring; saved memory."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ops import BackendError, get_op, parse_fuse
+from ops.proj_out import fused, naive
+from tests.helpers import rel_err
+
+NAMES = ["o", "r", "norm_weight", "w_o", "residual"]
+
+
+def make_inputs(B, T, H, V, d, residual=True, device="cpu", dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    o = torch.randn(B, T, H, V, generator=g)                            # the mixer output
+    r = torch.randn(B, T, H * V, generator=g)                           # x W_r, before its SiLU
+    nw = 1 + 0.3 * torch.randn(V, generator=g)                          # not all ones: its gradient matters
+    w = torch.randn(d, H * V, generator=g) / (H * V) ** 0.5
+    res = torch.randn(B, T, d, generator=g) if residual else None
+    return [None if x is None else x.to(device, dtype).requires_grad_() for x in (o, r, nw, w, res)]
+
+
+def run(fn, inputs, dy):
+    """The output and the gradients of every input that has one."""
+    y = fn(*inputs)
+    have = [x for x in inputs if x is not None]
+    return y, dict(zip([n for n, x in zip(NAMES, inputs) if x is not None], torch.autograd.grad(y, have, dy)))
+
+
+# (B, T, H, V, d, residual). Under the interpreter the tiles are 16×16 (fused.INTERPRET_*): B·T and d
+# ragged against them; V = 16 puts a head in one K step, V = 32 and 64 take the two-pass RMS over
+# 16-wide slices. There is no K here (the op sees only V), so K ≠ V is the model test's business.
+SHAPES = [(2, 37, 2, 16, 40, True), (1, 21, 1, 32, 24, True), (2, 19, 3, 64, 33, False), (1, 5, 2, 16, 16, True)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}V{}d{}{}".format(*s[:5], "" if s[5] else "-nores"))
+def test_fused_matches_naive_fp32(shape, device, poison_empty):
+    """fp32 with exact dots (input_precision ieee): the output and every gradient within 1e-5 (DESIGN §6)."""
+    *dims, residual = shape
+    inputs = make_inputs(*dims, residual=residual, device=device)
+    ref_y, ref_g = run(naive.proj_out, inputs, dy := torch.randn(*dims[:2], dims[4], device=device))
+    y, grads = run(fused.proj_out, inputs, dy)
+    assert y.dtype == ref_y.dtype and y.shape == ref_y.shape
+    assert rel_err(y, ref_y) < 1e-5
+    for name, ref in ref_g.items():
+        assert rel_err(grads[name], ref) < 1e-5, name
+
+
+def test_eps_reaches_the_kernels(device):
+    """A small-magnitude head, where eps is most of the mean square: a dropped or doubled eps shows."""
+    o, r, nw, w, res = make_inputs(1, 7, 2, 16, 16, device=device)
+    o = (o.detach() * 1e-3).requires_grad_()
+    y, grads = run(lambda *a: fused.proj_out(*a, eps=1e-6), [o, r, nw, w, res], dy := torch.randn_like(res))
+    ref_y, ref_g = run(lambda *a: naive.proj_out(*a, eps=1e-6), [o, r, nw, w, res], dy)
+    assert rel_err(y - res, ref_y - res) < 1e-5 and rel_err(grads["o"], ref_g["o"]) < 1e-5
+
+
+def test_saves_less_than_the_unfused_chain():
+    """The fused op keeps o and r for its backward (and recomputes g); PyTorch's chain keeps more."""
+    def saved(fn):
+        total, seen = 0, set()
+
+        def pack(t):
+            nonlocal total
+            if t.untyped_storage().data_ptr() not in seen and not isinstance(t, torch.nn.Parameter):
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+            return t
+        inputs = make_inputs(2, 32, 2, 16, 32)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(*inputs)
+        return total
+
+    act = 2 * 32 * 2 * 16 * 4                         # one [B, T, H·V] fp32 tensor
+    fused_bytes, naive_bytes = saved(fused.proj_out), saved(naive.proj_out)
+    assert fused_bytes <= 2 * act + 2 * 32 * 16 * 4 + 16 * 4, fused_bytes    # o, r (+ the weights it holds)
+    assert fused_bytes < naive_bytes, (fused_bytes, naive_bytes)
+
+
+@pytest.mark.parametrize("V", [8, 24])
+def test_unsupported_head_dims_are_refused(V):
+    with pytest.raises(BackendError, match=f"op 'proj_out', backend 'fused': head dim V={V}.*--fuse"):
+        fused.proj_out(*make_inputs(1, 4, 2, V, 16))
+
+
+def test_registry_and_model_wiring():
+    """`--fuse proj` gives GLA the fused op and logs it; a bare `--backend fused` (proj is opt-in while it is
+    slower than the unfused chain) and other choices keep the naive chain and do not log it; a family
+    without the component refuses it."""
+    from model import build_model
+    from model.config import ModelConfig
+
+    assert get_op("proj_out", "fused") is fused.proj_out
+    assert get_op("proj_out", "fused", parse_fuse("proj")) is fused.proj_out
+    with pytest.raises(BackendError, match="op 'proj_out'.*no fused chunk component"):
+        get_op("proj_out", "fused", parse_fuse("chunk"))
+    cfg = ModelConfig(family="gla", d_model=32, n_layers=1, n_heads=2, head_k_dim=8, head_v_dim=16, vocab_size=64)
+    cases = {("fused", None): ("fused[chunk,state]", naive.proj_out), ("fused", "proj"): ("fused[]", fused.proj_out),
+             ("fused", "chunk,state"): ("fused[chunk,state]", naive.proj_out), ("chunk", None): ("chunk", naive.proj_out),
+             ("naive", None): ("naive", naive.proj_out)}
+    for (backend, fuse), (gla_label, proj) in cases.items():
+        model = build_model(dataclasses.replace(cfg, backend=backend, fuse=fuse))
+        mixer = model.blocks[0].mixer
+        assert mixer.proj_out is proj, (backend, fuse)
+        logged = dict((op, b) for _, op, b in model.backends())
+        want = {"gla": gla_label, **({"proj_out": "fused[proj]"} if proj is fused.proj_out else {})}
+        assert logged == want, (backend, fuse, logged)
+    with pytest.raises(BackendError, match="backend is 'chunk'.*--backend fused"):
+        build_model(dataclasses.replace(cfg, backend="chunk", fuse="proj"))
+    with pytest.raises(BackendError, match="op 'ssd' \\(mamba2\\).*'proj' component.*drop it from --fuse"):
+        build_model(ModelConfig(family="mamba2", d_model=32, n_layers=1, ssm_head_dim=8, ssm_state=8, vocab_size=64,
+                                backend="fused", fuse="proj,state"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fp32 model check runs on CPU")
+def test_gla_model_with_fused_proj_equals_naive_fp32():
+    """A GLA model with only `proj` fused (the mixer on `chunk`'s stages) against the naive model: the
+    residual now enters inside the mixer, so the block's wiring is checked too. K ≠ V, T ragged."""
+    from eval.equivalence import run_backend
+    from model import build_model
+    from model.config import ModelConfig
+
+    cfg = ModelConfig(family="gla", vocab_size=61, n_layers=2, mlp_hidden=64, d_model=32, n_heads=2, head_k_dim=8,
+                      head_v_dim=16, gate_low_rank=4)
+    torch.manual_seed(0)
+    idx = torch.randint(0, cfg.vocab_size, (1, 24))
+    state = build_model(cfg).state_dict()
+    ref = run_backend(cfg, state, idx, bf16=False)
+    got = run_backend(dataclasses.replace(cfg, backend="fused", fuse="proj"), state, idx, bf16=False)
+    assert abs(got["loss"] - ref["loss"]) < 1e-5 and rel_err(got["logits"], ref["logits"]) < 1e-5
+    bad = {n: e for n, g in got["grads"].items() if not (e := rel_err(g, ref["grads"][n])) < 1e-4}
+    assert not bad and got["grads"].keys() == ref["grads"].keys(), bad
+
+
+# ---- the GPU: bf16 at the seed's shape and GLA-340M's (V = 256: two BV-wide slices per head) ----
+GPU_SHAPES = {"seed_B8T4096H16V128": (8, 4096, 16, 128, 2048), "gla340m_B8T2048H4V256": (8, 2048, 4, 256, 1024),
+              "gla125m_B8T2048H12V64": (8, 2048, 12, 64, 768), "ragged_B1T1000H3V64d200": (1, 1000, 3, 64, 200)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 at full shapes needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(GPU_SHAPES))
+def test_fused_matches_naive_bf16_gpu(name):
+    """Under bf16 autocast, as the model runs (fp32 residual stream), against the fp32 naive op. Bound:
+    twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of
+    rounding slack (STYLE.md §7), for the output and every gradient."""
+    B, T, H, V, d = GPU_SHAPES[name]
+    inputs = make_inputs(B, T, H, V, d, device="cuda")
+    dy = torch.randn(B, T, d, device="cuda")
+    ref_y, ref_g = run(naive.proj_out, inputs, dy)                     # fp32, no TF32 in the naive linear
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        nb_y, nb_g = run(naive.proj_out, inputs, dy)
+        y, grads = run(fused.proj_out, inputs, dy)
+    assert y.dtype == nb_y.dtype == torch.float32
+    errs = {"out": (rel_err(y, ref_y), rel_err(nb_y, ref_y))}
+    errs |= {n: (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in ref_g}
+    bad = {n: e for n, e in errs.items() if not e[0] <= 2 * e[1] + 1e-3}
+    assert not bad, f"(fused, naive bf16) errors: {errs}"
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmuls():
+    """The naive oracle's F.linear in true fp32 on the GPU (TF32 would be the reference's own error)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
