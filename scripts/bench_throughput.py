@@ -64,6 +64,21 @@ def peer_model(cfg) -> torch.nn.Module:
     raise ValueError(f"no peer model for family {cfg.family!r}")
 
 
+def force_fla_backward() -> str | None:
+    """fla 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640; ../shared/GPU.md): force it
+    on so that fla's training step can be timed there, and say that its numbers are timing-only."""
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+    except ImportError:
+        return None
+    if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) or not getattr(chunk_o, "IS_NVIDIA_HOPPER", False):
+        return None
+    import triton
+
+    chunk_o.TRITON_ABOVE_3_7_1 = True
+    return f"timing-only (fla backward forced on Triton {'.'.join(triton.__version__.split('.')[:2])})"
+
+
 def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int) -> dict:
     """One row, in this process: build, train warmup + steps steps, measure."""
     from config import load_config
@@ -72,6 +87,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     cfg = load_config(config).model
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
+    forced = force_fla_backward() if device == "cuda" and (backend == "fla" or backend == PEER and cfg.family != "gpt2") else None
     if backend == PEER:
         model = peer_model(cfg).to(device)
         loss_of = lambda x: model(input_ids=x[:, :-1], labels=x[:, :-1]).loss  # noqa: E731  (HF shifts labels)
@@ -107,6 +123,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     note = None
     if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
         note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
+    note = "; ".join(n for n in (forced, note) if n) or None
     return {"config": Path(config).stem, "backend": backend, "status": "ok", "loss": loss.item(), "note": note,
             "params": sum(p.numel() for p in model.parameters()), "tokens_per_s": batch * seq_len * steps / elapsed,
             "step_ms": 1e3 * elapsed / steps, "first_step_s": first_step_s,
