@@ -92,16 +92,11 @@ def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Calla
 
 
 def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
-    """A layer-level projection-chain op (ops/proj_*, issue [H]): its `fused` backend where cfg names
-    the `proj` component (--backend fused --fuse proj,…), else its `naive` one, the PyTorch chain the
-    layer always ran; with the label the run log records.
-
-    Unlike the mixer ops' components, `proj` is opt-in: a bare `--backend fused` leaves it out. On the
-    H100 the fused output side is still slower than the unfused chain (0.89× forward+backward at
-    B8 T4096 d2048, bench/results/2026-11-24-h100-proj.md), and fused throughput numbers should
-    stay comparable with earlier ones until it wins."""
+    """A layer-level projection-chain op (ops/proj_*, issue [H]): its `fused` backend where cfg asks
+    for the `proj` component (--backend fused with no --fuse, or proj among --fuse's components), else
+    its `naive` one, the PyTorch chain the layer always ran; with the label the run log records."""
     fuse = parse_fuse(cfg.fuse)
-    if cfg.backend == "fused" and fuse is not None and "proj" in fuse:
+    if cfg.backend == "fused" and (fuse is None or "proj" in fuse):
         proj = frozenset({"proj"})
         return get_op(op, "fused", proj), fused_label(op, "fused", proj)
     return get_op(op, "naive"), "naive"

@@ -5,7 +5,7 @@
     y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
 
 The output side (norm, gate, W_o and the block's residual add) is the layer-level op `proj_out`
-(ops/proj_out/), fused into one GEMM by the `proj` component (`--backend fused --fuse proj,...`; opt-in, issue [H]).
+(ops/proj_out/), fused by the `proj` component of `--backend fused` (issue [H]).
 """
 from __future__ import annotations
 

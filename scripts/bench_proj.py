@@ -1,7 +1,12 @@
 """The projection chain's fused output side (issue [H], ops/proj_out/fused.py) against the unfused chain as
 PyTorch runs it in the model (RMSNorm, SiLU, the product, F.linear, the block's residual add; bf16
 autocast, fp32 residual stream), forward and forward+backward, each checked against the fp32 oracle
-first, with the analytical HBM bytes of both and the activation bytes each keeps for its backward.
+first, with the analytical HBM bytes of each and the activation bytes each keeps for its backward.
+
+Variants: `unfused`; `fused` (the library op: gate kernel, then the Triton GEMM with the residual add in
+its epilogue); `fused-mm` (the same gate kernel and backward, the GEMM by cuBLAS torch.mm followed by
+the residual add: the baseline the Triton GEMM has to beat); `fused-addmm` (cuBLAS addmm with an fp32
+out_dtype, the residual as its C operand; only where this torch has aten::addmm.dtype for CUDA).
 
     python scripts/bench_proj.py --out bench/results/proj                 # the seed's shape
     python scripts/bench_proj.py --out /tmp/p --shape 8,2048,4,256,1024   # GLA-340M's layer
@@ -41,7 +46,9 @@ def hbm_bytes(B: int, T: int, H: int, V: int, d: int, act: int = 2, res: int = 4
                    "linear g W_oᵀ": A + W + Y,            # read g, W_o; write y (bf16)
                    "residual + y": R + Y + R}             # read residual, y; write the fp32 sum
     fused_fwd = {"cast W_o": cast_w,
-                 "fused GEMM": 2 * A + W + R + R}         # read o, r, W_o, residual; write the sum
+                 "gate kernel": 3 * A,                    # read o, r; write g (bf16)
+                 "GEMM + residual epilogue": A + W + R + R}   # read g, W_o, residual; write the fp32 sum
+    mm_fwd = {"cast W_o": cast_w, "gate kernel": 3 * A, "mm g W_oᵀ": A + W + Y, "residual + y": R + Y + R}
     unfused_bwd = {"dy fp32 → bf16 (y's grad)": R + Y,
                    "dg = dy W_o": Y + W + A,
                    "dW_o = dyᵀ g": Y + A + W,
@@ -50,13 +57,49 @@ def hbm_bytes(B: int, T: int, H: int, V: int, d: int, act: int = 2, res: int = 4
                    "rms_norm backward": 3 * A,            # read d normed, o; write do
                    "dW_o bf16 → fp32": W + Wp}
     fused_bwd = {"dy fp32 → bf16": R + Y,
-                 "dgrad kernel (dg, do, dr, g)": Y + W + 2 * A + 3 * A,   # read dy, W_o, o, r; write g, do, dr
+                 "dg = dy W_o": Y + W + A,
+                 "gate backward (g, do, dr)": 3 * A + 3 * A,   # read dg, o, r; write g, do, dr (+ V floats a program)
                  "dW_o = dyᵀ g": Y + A + W,
                  "dW_o bf16 → fp32": W + Wp}
-    # the residual's gradient is dy itself in both (no kernel); its sum with the other branch is the same in both
+    # the residual's gradient is dy itself in all (no kernel); its sum with the other branch is the same in all.
+    # fused-mm and fused-addmm share fused's backward; fused-addmm's forward moves fused's bytes.
     return {name: {"parts": parts, "total": sum(parts.values())}
-            for name, parts in (("unfused fwd", unfused_fwd), ("fused fwd", fused_fwd),
-                                ("unfused bwd", unfused_bwd), ("fused bwd", fused_bwd))}
+            for name, parts in (("unfused fwd", unfused_fwd), ("fused fwd", fused_fwd), ("fused-mm fwd", mm_fwd),
+                                ("fused-addmm fwd", fused_fwd), ("unfused bwd", unfused_bwd),
+                                ("fused bwd", fused_bwd), ("fused-mm bwd", fused_bwd), ("fused-addmm bwd", fused_bwd))}
+
+
+class _MmProjOut(fused.FusedProjOut):
+    """fused's gate kernel and backward; the forward GEMM by cuBLAS torch.mm, then the residual add."""
+    @staticmethod
+    def forward(ctx, o, r, nw, w, res, eps, V):
+        y = fused.gate_fwd(o, r, nw.float(), eps, V) @ w.t()
+        ctx.save_for_backward(o, r, nw, w)
+        ctx.eps, ctx.V, ctx.has_res = eps, V, res is not None
+        return y if res is None else res + y
+
+
+class _AddmmProjOut(fused.FusedProjOut):
+    """As _MmProjOut, but one cuBLAS addmm: C = the residual, fp32 out_dtype (aten::addmm.dtype)."""
+    @staticmethod
+    def forward(ctx, o, r, nw, w, res, eps, V):
+        g = fused.gate_fwd(o, r, nw.float(), eps, V)
+        with torch.autocast(g.device.type, enabled=False):     # autocast would cast the fp32 residual to bf16
+            y = g @ w.t() if res is None else torch.addmm(res, g, w.t(), out_dtype=res.dtype)
+        ctx.save_for_backward(o, r, nw, w)
+        ctx.eps, ctx.V, ctx.has_res = eps, V, res is not None
+        return y
+
+
+def fused_mm(o, r, norm_weight, w_o, residual=None, eps=1e-6):
+    return fused.launch(_MmProjOut, o, r, norm_weight, w_o, residual, eps)
+
+
+def fused_addmm(o, r, norm_weight, w_o, residual=None, eps=1e-6):
+    return fused.launch(_AddmmProjOut, o, r, norm_weight, w_o, residual, eps)
+
+
+VARIANTS = {"unfused": naive.proj_out, "fused": fused.proj_out, "fused-mm": fused_mm, "fused-addmm": fused_addmm}
 
 
 def make_inputs(B, T, H, V, d, seed=0):
@@ -76,22 +119,37 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def check(inputs: list, dy: torch.Tensor) -> dict:
-    """Errors of the fused op and of the unfused chain in bf16 against the fp32 oracle (same inputs in
-    fp32), output and every gradient; pass: fused ≤ 2 × unfused + 1e-3 (STYLE.md §7)."""
+def check(variants: dict, inputs: list, dy: torch.Tensor) -> dict:
+    """Errors of each variant in bf16 against the fp32 oracle (same inputs in fp32), output and every
+    gradient; pass: every fused variant ≤ 2 × unfused + 1e-3 (STYLE.md §7)."""
     ref_in = [x.detach().float().requires_grad_() for x in inputs]
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = naive.proj_out(*ref_in)
     ref_g = torch.autograd.grad(ref, ref_in, dy)
     out = {}
-    for label, fn in (("unfused", naive.proj_out), ("fused", fused.proj_out)):
+    for label, fn in variants.items():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = fn(*inputs)
         grads = torch.autograd.grad(y, inputs, dy)
         out[label] = {"out": rel(y, ref), **{n: rel(g, rg) for n, g, rg in
                                              zip(("do", "dr", "dnorm_w", "dW_o", "dresidual"), grads, ref_g)}}
-    out["pass"] = all(out["fused"][k] <= 2 * out["unfused"][k] + 1e-3 for k in out["fused"])
+    out["pass"] = all(out[v][k] <= 2 * out["unfused"][k] + 1e-3 for v in variants if v != "unfused" for k in out[v])
     return out
+
+
+def runnable(inputs: list) -> tuple[dict, dict]:
+    """The variants this torch can run, and why each other one cannot (fused-addmm needs aten::addmm.dtype)."""
+    ok, skipped = {}, {}
+    for label, fn in VARIANTS.items():
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                fn(*[x.detach() for x in inputs])
+            ok[label] = fn
+        except (RuntimeError, TypeError) as e:
+            if label in ("unfused", "fused"):
+                raise
+            skipped[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return ok, skipped
 
 
 def saved_bytes(fn, inputs: list) -> int:
@@ -140,14 +198,14 @@ def plot(result: dict, path: Path) -> None:
 
     t, b = result["timings"], result["hbm_bytes"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    x = range(2)
-    for i, label in enumerate(("unfused", "fused")):
-        ax1.bar([p + 0.4 * i for p in x], [t[label]["fwd_ms"], t[label]["fwd_bwd_ms"]], 0.4, label=label)
-        ax2.bar([p + 0.4 * i for p in x], [b[f"{label} fwd"]["total"] / MB, b[f"{label} bwd"]["total"] / MB], 0.4,
-                label=label)
-    ax1.set_xticks([0.2, 1.2], ["fwd", "fwd+bwd"])
+    x, width = range(2), 0.8 / len(t)
+    for i, label in enumerate(t):
+        ax1.bar([p + width * i for p in x], [t[label]["fwd_ms"], t[label]["fwd_bwd_ms"]], width, label=label)
+        ax2.bar([p + width * i for p in x], [b[f"{label} fwd"]["total"] / MB, b[f"{label} bwd"]["total"] / MB],
+                width, label=label)
+    ax1.set_xticks([0.4 - width / 2, 1.4 - width / 2], ["fwd", "fwd+bwd"])
     ax1.set_ylabel("ms (median)")
-    ax2.set_xticks([0.2, 1.2], ["fwd", "bwd"])
+    ax2.set_xticks([0.4 - width / 2, 1.4 - width / 2], ["fwd", "bwd"])
     ax2.set_ylabel("analytical HBM MB")
     ax1.legend()
     fig.suptitle(f"proj_out {result['shape']} on {result['device']}")
@@ -167,42 +225,47 @@ def main(argv: list[str] | None = None) -> dict:
 
     inputs = make_inputs(B, T, H, V, d)
     dy = torch.randn(B, T, d, device="cuda")
-    errors = check(inputs, dy)                                         # also runs the autotuning, outside timing
+    variants, skipped = runnable(inputs)
+    for label, why in skipped.items():
+        print(f"variant {label} not run: {why}")
+    errors = check(variants, inputs, dy)                                # also runs the autotuning, outside timing
     print(f"check (rel. error vs fp32; pass = fused ≤ 2× unfused bf16 + 1e-3): {'PASS' if errors['pass'] else 'FAIL'}")
-    for label in ("unfused", "fused"):
-        print(f"  {label:8s} " + "  ".join(f"{k} {v:.2e}" for k, v in errors[label].items()))
-    fns = {"unfused": naive.proj_out, "fused": fused.proj_out}
-    times = {label: timings(fn, inputs, dy) for label, fn in fns.items()}
-    for label, fn in fns.items():
+    for label in variants:
+        print(f"  {label:12s} " + "  ".join(f"{k} {v:.2e}" for k, v in errors[label].items()))
+    times = {label: timings(fn, inputs, dy) for label, fn in variants.items()}
+    for label, fn in variants.items():
         times[label]["saved_mb"] = saved_bytes(fn, inputs) / MB
     bytes_ = hbm_bytes(B, T, H, V, d)
     result = {"shape": dict(B=B, T=T, H=H, V=V, d=d), "dtype": "bf16 autocast, fp32 residual", "check": errors,
-              "timings": times, "hbm_bytes": bytes_, "device": torch.cuda.get_device_name(),
-              "configs": {"fwd": str(fused._fwd_tuned.best_config), "bwd": str(fused._bwd_tuned.best_config)},
-              **environment(torch.device("cuda"))}
+              "timings": times, "skipped": skipped, "hbm_bytes": bytes_, "device": torch.cuda.get_device_name(),
+              "configs": {"fused GEMM": str(fused._gemm_tuned.best_config)}, **environment(torch.device("cuda"))}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "proj.json").write_text(json.dumps(result, indent=1, default=str))
-    u, f = times["unfused"], times["fused"]
-    bu = {k: bytes_[f"unfused {k}"]["total"] for k in ("fwd", "bwd")}
-    bf = {k: bytes_[f"fused {k}"]["total"] for k in ("fwd", "bwd")}
-    rows = [("fwd ms", u["fwd_ms"], f["fwd_ms"]), ("fwd+bwd ms", u["fwd_bwd_ms"], f["fwd_bwd_ms"]),
-            ("HBM fwd MB", bu["fwd"] / MB, bf["fwd"] / MB), ("HBM bwd MB", bu["bwd"] / MB, bf["bwd"] / MB),
-            ("saved for bwd MB", u["saved_mb"], f["saved_mb"]), ("peak extra fwd+bwd MB", u["peak_extra_mb"],
-                                                                   f["peak_extra_mb"])]
-    table = ["| output side | unfused (PyTorch) | fused | unfused ÷ fused |", "|---|---|---|---|"]
-    table += [f"| {name} | {a:.3f} | {b:.3f} | {a / b if b else float('inf'):.2f}× |" for name, a, b in rows]
+    rows = {"fwd ms": {v: times[v]["fwd_ms"] for v in variants},
+            "fwd+bwd ms": {v: times[v]["fwd_bwd_ms"] for v in variants},
+            "HBM fwd MB": {v: bytes_[f"{v} fwd"]["total"] / MB for v in variants},
+            "HBM bwd MB": {v: bytes_[f"{v} bwd"]["total"] / MB for v in variants},
+            "saved for bwd MB": {v: times[v]["saved_mb"] for v in variants},
+            "peak extra fwd+bwd MB": {v: times[v]["peak_extra_mb"] for v in variants}}
+    others = [v for v in variants if v != "unfused"]
+    table = ["| output side | unfused (PyTorch) | " + " | ".join(others) + " | "
+             + " | ".join(f"unfused ÷ {v}" for v in others) + " |", "|---" * (2 + 2 * len(others)) + "|"]
+    table += [f"| {name} | " + " | ".join(f"{vals[v]:.3f}" for v in variants) + " | "
+              + " | ".join(f"{vals['unfused'] / vals[v] if vals[v] else float('inf'):.2f}×" for v in others) + " |"
+              for name, vals in rows.items()]
     md = [f"# proj_out: fused vs unfused, {B=} {T=} {H=} {V=} {d=}, bf16 autocast, fp32 residual",
           "", f"device {result['device']}, torch {result['torch']}, triton {result['triton']}, "
           f"commit {result.get('commit', '?')}; do_bench median, warmup 25, rep 100; tiles {result['configs']}",
-          f"check vs fp32: {'PASS' if errors['pass'] else 'FAIL'} {json.dumps(errors)}", "", *table, "",
+          f"check vs fp32: {'PASS' if errors['pass'] else 'FAIL'} {json.dumps(errors)}",
+          *(f"not run: {v}: {why}" for v, why in skipped.items()), "", *table, "",
           "HBM bytes per kernel (analytical, scripts/bench_proj.py:hbm_bytes):", ""]
     md += [f"- {name}: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in b["parts"].items()) + f" → {b['total'] / MB:.0f} MB"
-           for name, b in bytes_.items()]
+           for name, b in bytes_.items() if name.split()[0] in variants]
     (args.out / "proj.md").write_text("\n".join(md) + "\n")
     plot(result, args.out / "proj.png")
     print("\n".join(table))
     if not errors["pass"]:
-        raise SystemExit("the fused op failed its check against the fp32 oracle (see above); timings are not valid")
+        raise SystemExit("a fused variant failed its check against the fp32 oracle (see above); timings are not valid")
     return result
 
 

@@ -3,8 +3,12 @@
 #   1. the proj_out tests at full shapes: bf16 fused vs the fp32 naive oracle, bounded by twice the
 #      unfused chain's own bf16 error (the seed's shape, GLA-340M's and GLA-125M's layers, a ragged one)
 #      and the registry/model wiring;
-#   2. scripts/bench_proj.py at the seed's shape (B8 T4096 H16 V128 d2048): fused vs unfused output
-#      side, fwd and fwd+bwd, analytical HBM bytes, saved and peak memory → $OUT/proj/proj.{md,json,png}.
+#   2. scripts/bench_proj.py at the seed's shape (B8 T4096 H16 V128 d2048): the unfused output side vs
+#      fused (gate kernel + Triton GEMM with the residual epilogue) and the same with cuBLAS for the
+#      forward GEMM (mm + add; addmm with fp32 out_dtype where torch has it), fwd and fwd+bwd,
+#      analytical HBM bytes, saved and peak memory → $OUT/proj/proj.{md,json,png}.
+#   Budget: the tests autotune the GEMM (≤ 6 configs) once per (d, H·V) of the four shapes; the bench
+#   reuses those compiled kernels through TRITON_CACHE_DIR.
 #   OUT=/tmp/out bash scripts/gpu_check_proj.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -2,18 +2,29 @@
 
     y = residual + (RMSNorm_head(o) · w ⊙ silu(r)) W_oᵀ
 
-as one Triton GEMM whose prologue forms the gated A tile from o and r and whose epilogue adds the
-residual (ops/proj_out/kernels.py). The gated input g = RMSNorm(o)·w ⊙ silu(r) never reaches HBM in
-the forward, and the backward recomputes it from o and r instead of saving it: the op saves o and r
-(what the unfused chain saves besides the norm's and the gate's outputs and g), so its activation
-memory is two [B, T, H·V] tensors where PyTorch's chain keeps five.
+Forward, two kernels (ops/proj_out/kernels.py): one elementwise pass forms the gated input
+g = RMSNorm(o)·w ⊙ silu(r) once per row (a bf16 [M, H·V] buffer), then a pipelined Triton GEMM
+computes g W_oᵀ with the residual add in its epilogue, so y is written once, in the residual's dtype.
+Backward: dg = dy W_o (cuBLAS), one elementwise kernel that recomputes the norm statistics and the
+gate from o and r and writes g, do, dr and per-program partial sums of the norm weight's gradient,
+then dW_o = dyᵀ g (cuBLAS); the residual's gradient is dy itself. The op saves only o and r (and the
+weights): g is recomputed, not kept, where PyTorch's chain keeps normed, silu(r) and g as well.
 
-Backward: one Triton kernel computes dg = dy W_o one head at a time and, in its epilogue, the
-gradients of r, o and the norm weight (the RMSNorm's row reduction needs the whole head, which is the
-tile), writing g for dW_o = dyᵀ g, a plain cuBLAS GEMM; the residual's gradient is dy itself.
+Predicted H100 time at the seed shape (B8 T4096 H16 V128 d2048; M = 32768, K = H·V = 2048, N = 2048;
+A = one [M, K] bf16 tensor = 134 MB, R = one [M, N] fp32 tensor = 268 MB; ~2.7 TB/s reached by an
+elementwise kernel; ~550 TFLOP/s by a bf16 GEMM, the rate the unfused chain's timings imply):
+  forward   W_o → bf16 25 MB 0.01 ms; gate 3A = 403 MB 0.15 ms; GEMM 2MNK = 275 GFLOP 0.50 ms with its
+            epilogue's 2R = 537 MB mostly hidden under other tiles' main loops → ≈ 0.52 ms; total ≈ 0.68 ms
+            (unfused 1.18 ms: 1.7×)
+  backward  dy fp32 → bf16 (read R, write 134 MB) 403 MB 0.15 ms; dg 0.50 ms; gate backward 6A = 805 MB 0.30 ms;
+            dW_o 0.50 ms; dW_o → fp32 0.01 ms → ≈ 1.47 ms; forward+backward ≈ 2.15 ms (unfused 3.07: 1.4×)
+The GEMM is Triton rather than cuBLAS because cuBLAS cannot take the fp32 residual in its epilogue with
+bf16 operands (torch.mm, then the add: +2 × 134 MB of bf16 y written and read, the add 671 MB ≈ 0.25 ms, so
+a forward of ≈ 0.91 ms); the Triton GEMM wins while it takes < 0.75 ms with its epilogue (> 370 TFLOP/s).
+scripts/bench_proj.py times that cuBLAS variant (and addmm with an fp32 out_dtype, where torch has it).
 
 Under autocast the op computes in the autocast dtype, as F.linear would (o, r and W_o cast to it; the
-norm weight stays fp32 inside the kernel); its output takes the residual's dtype (fp32 in the model's
+norm weight stays fp32 inside the kernels); its output takes the residual's dtype (fp32 in the model's
 residual stream), like `residual + y` does.
 """
 from __future__ import annotations
@@ -25,112 +36,111 @@ import triton
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
 from ops.common.tiles import dot_precision
-from ops.proj_out.kernels import proj_out_bwd_kernel, proj_out_fwd_kernel
+from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
 
 COMPONENTS = ("proj",)
-MAX_BV = 128                 # widest head slice per K step: BV = V up to here, so a head's RMS is one tile's
-SMEM_BUDGET = 200 * 1024     # bytes of shared memory a config's pipeline may take (H100/A100: 227/163 KB)
-# ≤ 5 configs each, pruned by the shared memory their stages take and keyed on the model's dims, never T.
-FWD_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, GROUP=8), num_warps=nw, num_stages=st)
-               for bm, bn, nw, st in ((128, 128, 8, 2), (128, 256, 8, 2), (64, 256, 8, 2), (128, 128, 8, 3),
-                                      (64, 128, 4, 3))]
-BWD_CONFIGS = [triton.Config(dict(BM=bm, BK=bk), num_warps=nw, num_stages=st)
-               for bm, bk, nw, st in ((64, 64, 4, 3), (128, 64, 8, 3), (64, 64, 8, 3), (128, 32, 8, 4))]
-# Under TRITON_INTERPRET=1 (CPU tests) one small tile: several row and column tiles and, for V > 16,
-# the two-pass RMS over head slices, at test sizes.
-INTERPRET_FWD = dict(BM=16, BN=16, GROUP=2, BV_MAX=16)
-INTERPRET_BWD = dict(BM=16, BK=16)
+# The GEMM's tiles: 6 configs, keyed on (d, H·V) and the residual switch, never on the rows. 128×256 and
+# 256×128 with 3 stages take 144 KB of shared memory (fits sm80's 163 KB and sm90's 227 KB); a config
+# a device cannot hold fails to compile and the autotuner skips it.
+GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, num_stages=st)
+                for bm, bn, nw, st in ((128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4),
+                                       (64, 256, 4, 4), (128, 64, 4, 4))]
+# The elementwise kernels: a [BR, BV] tile of 4096 elements over 8 warps (16 per thread per operand;
+# the backward keeps ~8 such operands live). They are bound by HBM, so no autotuning.
+TILE_ELEMS, TILE_WARPS, BWD_LOOP = 4096, 8, 4
+# Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that test sizes give several programs, ragged
+# edges in rows, columns and K, and (BWD_LOOP) partial row blocks inside a program.
+INTERPRET_GEMM = dict(BM=16, BN=16, BK=16, GROUP=2)
+INTERPRET_TILE_ELEMS, INTERPRET_BWD_LOOP = 64, 2
 
 
-def _fits(configs, named_args, **kwargs):
-    """Drop configs whose pipelined tiles exceed SMEM_BUDGET (keep the smallest if none fits)."""
-    args = {**named_args, **kwargs}                  # launch-time constexprs arrive as kwargs
-    bv, size = args["BV"], args["w"].element_size()
-    kept = [c for c in configs
-            if c.num_stages * (2 * c.kwargs["BM"] * bv + c.kwargs["BN"] * bv) * size <= SMEM_BUDGET]
-    return kept or [min(configs, key=lambda c: c.num_stages * (2 * c.kwargs["BM"] + c.kwargs["BN"]))]
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles wider than the matrix they cover (keep the narrowest if none is left)."""
+    n, k = triton.next_power_of_2(named_args["N"]), triton.next_power_of_2(named_args["K"])
+    kept = [c for c in configs if c.kwargs["BN"] <= max(n, 64) and c.kwargs["BK"] <= max(k, 16)]
+    return kept or [min(configs, key=lambda c: c.kwargs["BN"])]
 
 
-def _fits_bwd(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    V, size = args["V"], args["w"].element_size()
-    kept = [c for c in configs if c.num_stages * (c.kwargs["BM"] + V) * c.kwargs["BK"] * size <= SMEM_BUDGET]
-    return kept or [min(configs, key=lambda c: c.num_stages * (c.kwargs["BM"] + V) * c.kwargs["BK"])]
+_gemm_tuned = triton.autotune(GEMM_CONFIGS, key=["N", "K", "HAS_RES"],
+                              prune_configs_by={"early_config_prune": _prune})(gemm_res_kernel)
 
 
-_fwd_tuned = triton.autotune(FWD_CONFIGS, key=["N", "H", "V", "BV", "HAS_RES"],
-                             prune_configs_by={"early_config_prune": _fits})(proj_out_fwd_kernel)
-_bwd_tuned = triton.autotune(BWD_CONFIGS, key=["N", "H", "V"],
-                             prune_configs_by={"early_config_prune": _fits_bwd})(proj_out_bwd_kernel)
+def _rows_per_tile(V: int, cuda: bool) -> tuple[int, int]:
+    """(BV, BR): a head padded to a power of two, and the head-rows a program takes per step."""
+    bv = triton.next_power_of_2(V)
+    return bv, max(1, (TILE_ELEMS if cuda else INTERPRET_TILE_ELEMS) // bv)
 
 
-def proj_out_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor,
-                 res: torch.Tensor | None, eps: float, H: int, V: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """o, r: [M, H·V]; nw: [V] fp32; w: [N, H·V]; res: [M, N] or None → y [M, N] in out_dtype."""
-    M, N = o.shape[0], w.shape[0]
-    y = torch.empty(M, N, device=o.device, dtype=out_dtype)
-    meta = dict(H=H, V=V, HAS_RES=res is not None, PREC=dot_precision(w))
+def gate_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int) -> torch.Tensor:
+    """o, r: [M, H·V] contiguous; nw: [V] fp32 → g = RMSNorm_head(o)·nw ⊙ silu(r), [M, H·V] in o's dtype."""
+    g = torch.empty_like(o)
+    R = o.numel() // V
+    bv, br = _rows_per_tile(V, o.is_cuda)
+    warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
+    gate_fwd_kernel[(triton.cdiv(R, br),)](o, r, nw, g, R, eps, V=V, BV=bv, BR=br, **warps)
+    return g
+
+
+def gemm_res(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """a: [M, K]; w: [N, K] (nn.Linear's layout), same dtype; res: [M, N] or None → a wᵀ (+ res), [M, N]."""
+    M, K = a.shape
+    N = w.shape[0]
+    y = torch.empty(M, N, device=a.device, dtype=out_dtype)
+    meta = dict(HAS_RES=res is not None, PREC=dot_precision(w))
     res = y if res is None else res                   # a dummy pointer without a residual (HAS_RES off)
-    if o.is_cuda:
+    if a.is_cuda:
         grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)      # noqa: E731
-        _fwd_tuned[grid](o, r, nw, w, res, y, M, N, eps, BV=min(V, MAX_BV), **meta)
+        _gemm_tuned[grid](a, w, res, y, M, N, K, **meta)
     else:
-        t = INTERPRET_FWD
-        grid = (triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)
-        proj_out_fwd_kernel[grid](o, r, nw, w, res, y, M, N, eps, BV=min(V, t["BV_MAX"]), BM=t["BM"], BN=t["BN"],
-                                  GROUP=t["GROUP"], **meta)
+        t = INTERPRET_GEMM
+        gemm_res_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)](a, w, res, y, M, N, K, **meta, **t)
     return y
 
 
-def proj_out_bwd(dy: torch.Tensor, w: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor,
-                 eps: float, H: int, V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dy: [M, N] in w's dtype → g, do, dr [M, H·V] (o's dtype) and the norm weight's gradient [V] fp32."""
-    M, N = dy.shape
+def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float,
+             V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dg, o, r: [M, H·V]; nw: [V] fp32 → g, do, dr ([M, H·V], o's dtype) and the norm weight's gradient [V] fp32."""
     g, do, dr = (torch.empty_like(o) for _ in range(3))
-    meta = dict(H=H, V=V, PREC=dot_precision(w))
-    if o.is_cuda:
-        bm = min(c.kwargs["BM"] for c in BWD_CONFIGS)
-        dnw = torch.zeros(triton.cdiv(M, bm), H, V, device=o.device, dtype=torch.float32)  # the larger BM leaves rows 0
-        _bwd_tuned[lambda m: (H, triton.cdiv(M, m["BM"]))](dy, w, o, r, nw, g, do, dr, dnw, M, N, eps, **meta)
-    else:
-        t = INTERPRET_BWD
-        dnw = torch.empty(triton.cdiv(M, t["BM"]), H, V, device=o.device, dtype=torch.float32)
-        proj_out_bwd_kernel[(H, triton.cdiv(M, t["BM"]))](dy, w, o, r, nw, g, do, dr, dnw, M, N, eps, **meta, **t)
-    return g, do, dr, dnw.sum((0, 1))
+    R = o.numel() // V
+    bv, br = _rows_per_tile(V, o.is_cuda)
+    loop = BWD_LOOP if o.is_cuda else INTERPRET_BWD_LOOP
+    programs = triton.cdiv(R, br * loop)
+    dnw = torch.empty(programs, V, device=o.device, dtype=torch.float32)      # every program writes its row
+    warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
+    gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, eps, V=V, BV=bv, BR=br, LOOP=loop, **warps)
+    return g, do, dr, dnw.sum(0)
 
 
 class FusedProjOut(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, o, r, nw, w, res, eps, H, V):
+    def forward(ctx, o, r, nw, w, res, eps, V):
         """o, r: [M, H·V] contiguous in the compute dtype; nw [V]; w [N, H·V]; res [M, N] or None."""
         out_dtype = res.dtype if res is not None else w.dtype
-        y = proj_out_fwd(o, r, nw.float(), w, res, eps, H, V, out_dtype)
+        y = gemm_res(gate_fwd(o, r, nw.float(), eps, V), w, res, out_dtype)
         ctx.save_for_backward(o, r, nw, w)
-        ctx.eps, ctx.H, ctx.V, ctx.has_res = eps, H, V, res is not None
+        ctx.eps, ctx.V, ctx.has_res = eps, V, res is not None
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
     def backward(ctx, dy):
         o, r, nw, w = ctx.saved_tensors
-        dyc = dy.to(w.dtype).contiguous()             # the GEMMs' operand dtype (one cast of fp32 dy under autocast)
-        g, do, dr, dnw = proj_out_bwd(dyc, w, o, r, nw.float(), ctx.eps, ctx.H, ctx.V)
-        dw = dyc.t() @ g                              # dW_o = dyᵀ g: [N, H·V], a plain GEMM
-        return do, dr, dnw.to(nw.dtype), dw, (dy if ctx.has_res else None), None, None, None
+        dyc = dy.to(w.dtype).contiguous()             # the GEMMs' operand dtype: the one cast of fp32 dy (autocast)
+        dg = dyc @ w                                  # dg = dy W_o: [M, H·V], cuBLAS
+        g, do, dr, dnw = gate_bwd(dg, o, r, nw.float(), ctx.eps, ctx.V)
+        del dg                                        # freed before dW_o's GEMM allocates its output
+        dw = dyc.t() @ g                              # dW_o = dyᵀ g: [N, H·V], cuBLAS
+        return do, dr, dnw.to(nw.dtype), dw, (dy if ctx.has_res else None), None, None
 
 
-def proj_out(o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor, w_o: torch.Tensor,
-             residual: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """Shapes as ops.proj_out.naive.proj_out: o [B, T, H, V], r [B, T, H·V], norm_weight [V],
-    w_o [d, H·V], residual [B, T, d] or None → [B, T, d]. V must be a power of two, 16 or more."""
+def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor,
+           w_o: torch.Tensor, residual: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Checks and casts proj_out's arguments and applies `fn` (FusedProjOut, or a benchmark's variant of
+    it with the same forward arguments) to the flattened [B·T, …] operands."""
     from ops import BackendError
 
     B, T, H, V = o.shape
     N = w_o.shape[0]
-    if V < 16 or V & (V - 1):
-        raise BackendError(f"op 'proj_out', backend 'fused': head dim V={V} is not supported (the kernels tile a "
-                           "head's channels, which needs a power of two ≥ 16); choose --model.head_v_dim so, or "
-                           "drop 'proj' from --fuse")
     if B * T * max(N, H * V) >= 2 ** 31:
         raise BackendError(f"op 'proj_out', backend 'fused': B·T·max(d, H·V) = {B * T * max(N, H * V)} overflows "
                            "the kernels' int32 offsets; use a smaller micro-batch or drop 'proj' from --fuse")
@@ -142,8 +152,16 @@ def proj_out(o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor, w_o: t
     o2 = o.to(dtype).reshape(B * T, H * V).contiguous()
     r2 = r.to(dtype).reshape(B * T, H * V).contiguous()
     res = None if residual is None else residual.reshape(B * T, N).contiguous()
-    y = FusedProjOut.apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, H, V)
+    y = fn.apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, V)
     return y.view(B, T, N)
+
+
+def proj_out(o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor, w_o: torch.Tensor,
+             residual: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Shapes as ops.proj_out.naive.proj_out: o [B, T, H, V], r [B, T, H·V], norm_weight [V],
+    w_o [d, H·V], residual [B, T, d] or None → [B, T, d]. Any V (a head is padded to a power of two
+    inside the elementwise kernels)."""
+    return launch(FusedProjOut, o, r, norm_weight, w_o, residual, eps)
 
 
 def build(fuse: frozenset[str]) -> Callable:

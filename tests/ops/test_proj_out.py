@@ -32,10 +32,12 @@ def run(fn, inputs, dy):
     return y, dict(zip([n for n, x in zip(NAMES, inputs) if x is not None], torch.autograd.grad(y, have, dy)))
 
 
-# (B, T, H, V, d, residual). Under the interpreter the tiles are 16×16 (fused.INTERPRET_*): B·T and d
-# ragged against them; V = 16 puts a head in one K step, V = 32 and 64 take the two-pass RMS over
-# 16-wide slices. There is no K here (the op sees only V), so K ≠ V is the model test's business.
-SHAPES = [(2, 37, 2, 16, 40, True), (1, 21, 1, 32, 24, True), (2, 19, 3, 64, 33, False), (1, 5, 2, 16, 16, True)]
+# (B, T, H, V, d, residual). Under the interpreter (fused.INTERPRET_*) the GEMM's tiles are 16×16×16 and the
+# elementwise kernels take 64 elements per step, two steps per backward program: B·T, d and K = H·V ragged
+# against them; V = 24 and 20 (not powers of two) pad a head with masked channels; V = 64 is one head-row
+# per step. There is no K here (the op sees only V), so K ≠ V is the model test's business.
+SHAPES = [(2, 37, 2, 16, 40, True), (1, 21, 1, 32, 24, True), (2, 19, 3, 64, 33, False), (1, 5, 2, 16, 16, True),
+          (1, 9, 1, 24, 40, True), (2, 7, 3, 20, 17, False)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}V{}d{}{}".format(*s[:5], "" if s[5] else "-nores"))
@@ -61,7 +63,7 @@ def test_eps_reaches_the_kernels(device):
 
 
 def test_saves_less_than_the_unfused_chain():
-    """The fused op keeps o and r for its backward (and recomputes g); PyTorch's chain keeps more."""
+    """The fused op keeps o and r for its backward (and recomputes g from them); PyTorch's chain keeps more."""
     def saved(fn):
         total, seen = 0, set()
 
@@ -82,16 +84,23 @@ def test_saves_less_than_the_unfused_chain():
     assert fused_bytes < naive_bytes, (fused_bytes, naive_bytes)
 
 
-@pytest.mark.parametrize("V", [8, 24])
-def test_unsupported_head_dims_are_refused(V):
-    with pytest.raises(BackendError, match=f"op 'proj_out', backend 'fused': head dim V={V}.*--fuse"):
-        fused.proj_out(*make_inputs(1, 4, 2, V, 16))
+def test_int32_overflow_is_refused():
+    """Shapes whose flat offsets overflow int32 are refused before anything runs (meta tensors: no memory)."""
+    o, r = torch.empty(64, 8192, 16, 256, device="meta"), torch.empty(64, 8192, 4096, device="meta")
+    w, nw = torch.empty(4096, 4096, device="meta"), torch.empty(256, device="meta")
+    with pytest.raises(BackendError, match="op 'proj_out', backend 'fused': .*int32.*--fuse"):
+        fused.proj_out(o, r, nw, w)
+
+
+def test_gemm_autotune_is_small_and_ignores_rows():
+    """≤ 6 GEMM configs (STYLE.md §11), keyed on d and H·V (and the residual switch), never on B·T."""
+    assert len(fused.GEMM_CONFIGS) <= 6
+    assert set(fused._gemm_tuned.keys) == {"N", "K", "HAS_RES"}
 
 
 def test_registry_and_model_wiring():
-    """`--fuse proj` gives GLA the fused op and logs it; a bare `--backend fused` (proj is opt-in while it is
-    slower than the unfused chain) and other choices keep the naive chain and do not log it; a family
-    without the component refuses it."""
+    """`--backend fused` (all components) and `--fuse proj` give GLA the fused op and log it; other
+    choices keep the naive chain and do not log it; a family without the component refuses it."""
     from model import build_model
     from model.config import ModelConfig
 
@@ -100,7 +109,7 @@ def test_registry_and_model_wiring():
     with pytest.raises(BackendError, match="op 'proj_out'.*no fused chunk component"):
         get_op("proj_out", "fused", parse_fuse("chunk"))
     cfg = ModelConfig(family="gla", d_model=32, n_layers=1, n_heads=2, head_k_dim=8, head_v_dim=16, vocab_size=64)
-    cases = {("fused", None): ("fused[chunk,state]", naive.proj_out), ("fused", "proj"): ("fused[]", fused.proj_out),
+    cases = {("fused", None): ("fused[chunk,state]", fused.proj_out), ("fused", "proj"): ("fused[]", fused.proj_out),
              ("fused", "chunk,state"): ("fused[chunk,state]", naive.proj_out), ("chunk", None): ("chunk", naive.proj_out),
              ("naive", None): ("naive", naive.proj_out)}
     for (backend, fuse), (gla_label, proj) in cases.items():
@@ -137,7 +146,7 @@ def test_gla_model_with_fused_proj_equals_naive_fp32():
     assert not bad and got["grads"].keys() == ref["grads"].keys(), bad
 
 
-# ---- the GPU: bf16 at the seed's shape and GLA-340M's (V = 256: two BV-wide slices per head) ----
+# ---- the GPU: bf16 at the seed's shape, GLA-340M's (V = 256: 16-row elementwise tiles) and GLA-125M's ----
 GPU_SHAPES = {"seed_B8T4096H16V128": (8, 4096, 16, 128, 2048), "gla340m_B8T2048H4V256": (8, 2048, 4, 256, 1024),
               "gla125m_B8T2048H12V64": (8, 2048, 12, 64, 768), "ragged_B1T1000H3V64d200": (1, 1000, 3, 64, 200)}
 
