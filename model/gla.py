@@ -4,14 +4,15 @@
     S_t = diag(exp(gk_t)) S_{t-1} + k_tᵀ v_t,   o_t = (q_t K^{-1/2}) S_t
     y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
 
-The output side (norm, gate, W_o and the block's residual add) is the layer-level op `proj_out`
-(ops/proj_out/), fused by the `proj` component of `--backend fused` (issue [H]).
+The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`
+(issue [H]): the input side (q, k, v, gk and the gate's x W_r) is `proj_in` (ops/proj_in/), the output side
+(norm, gate, W_o and the block's residual add) is `proj_out` (ops/proj_out/). The weights stay the
+nn.Linear parameters below, so checkpoints do not depend on the backend.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from model.common import CausalLM, RMSNorm, resolve_op, resolve_proj
 from model.config import ModelConfig
@@ -32,20 +33,20 @@ class GLAMixer(nn.Module):
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
         self.gla, label = resolve_op(cfg, "gla", has_proj=True)
-        self.proj_out, proj_label = resolve_proj(cfg, "proj_out")
-        # the log names proj_out only when fused: the naive chain is what every other run has always run
-        self.resolved_ops = {"gla": label, **({"proj_out": proj_label} if proj_label != "naive" else {})}
+        self.proj_in, in_label = resolve_proj(cfg, "proj_in")
+        self.proj_out, out_label = resolve_proj(cfg, "proj_out")
+        # the log names the proj ops only when fused: the naive chain is what every other run has always run
+        proj = {op: lab for op, lab in (("proj_in", in_label), ("proj_out", out_label)) if lab != "naive"}
+        self.resolved_ops = {"gla": label, **proj}
         self.adds_residual = True                                           # proj_out adds the block's residual
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.H, self.K)
-        k = self.k_proj(x).view(B, T, self.H, self.K)
-        v = self.v_proj(x).view(B, T, self.H, self.V)
-        gk = F.logsigmoid(self.gk_up(self.gk_down(x)).float()).view(B, T, self.H, self.K) / self.normalizer
+        q, k, v, gk, r = self.proj_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
+                                      self.r_proj.weight, self.gk_down.weight, self.gk_up.weight, self.gk_up.bias,
+                                      self.H, self.normalizer)              # [B, T, H, K|V]; gk fp32; r [B, T, H·V]
         o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5)                  # [B, T, H, V]
-        return self.proj_out(o, self.r_proj(x), self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
+        return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
     def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
         """Mixer FLOPs beyond the projections, fwd + bwd (3× fwd), chunkwise form: per head the

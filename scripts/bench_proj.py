@@ -1,16 +1,23 @@
-"""The projection chain's fused output side (issue [H], ops/proj_out/fused.py) against the unfused chain as
-PyTorch runs it in the model (RMSNorm, SiLU, the product, F.linear, the block's residual add; bf16
-autocast, fp32 residual stream), forward and forward+backward, each checked against the fp32 oracle
-first, with the analytical HBM bytes of each and the activation bytes each keeps for its backward.
+"""The projection chain's fused sides (issue [H]) against the unfused chains as PyTorch runs them in the model
+(bf16 autocast, fp32 residual stream and fp32 normed input), forward and forward+backward, each checked
+against the fp32 oracle first, with the analytical HBM bytes of each and the activation bytes each keeps.
 
-Variants: `unfused`; `fused` (the library op: gate kernel, then the Triton GEMM with the residual add in
-its epilogue); `fused-mm` (the same gate kernel and backward, the GEMM by cuBLAS torch.mm followed by
-the residual add: the baseline the Triton GEMM has to beat); `fused-addmm` (cuBLAS addmm with an fp32
-out_dtype, the residual as its C operand; only where this torch has aten::addmm.dtype for CUDA).
+Output side (ops/proj_out; RMSNorm, SiLU, the product, F.linear, the block's residual add): `unfused`;
+`fused` (gate kernel, then the Triton GEMM with the residual add in its epilogue); `fused-mm` (the same gate
+kernel and backward, the GEMM by cuBLAS torch.mm followed by the residual add); `fused-addmm` (cuBLAS addmm
+with an fp32 out_dtype, the residual as its C operand; only where this torch has aten::addmm.dtype for CUDA).
 
-    python scripts/bench_proj.py --out bench/results/proj                 # the seed's shape
-    python scripts/bench_proj.py --out /tmp/p --shape 8,2048,4,256,1024   # GLA-340M's layer
-Writes proj.{md,json,png} under --out and prints the table last. CUDA only.
+Input side (ops/proj_in; five F.linear, each casting fp32 x to bf16, and logsigmoid(up(down(x)))/16):
+`unfused`; `fused` (x cast once, the wide Triton GEMM writing q, k, v, r, low into their slices, the gk
+kernel; backward: gk kernel, one Triton dgrad GEMM over the five gradients, cuBLAS wgrads); `fused-mm`
+(the forward GEMM as five cuBLAS mm's into the same slices); `cublas` (also dx by cuBLAS: mm then four
+addmm's with an fp32 out_dtype); `cublas-cat` (dx as torch.cat of the five gradients, one mm, a cast).
+
+    python scripts/bench_proj.py --out bench/results/proj                 # both sides at the seed's shape
+    python scripts/bench_proj.py --out /tmp/p --side out --shape 8,2048,4,256,1024      # GLA-340M's output side
+    python scripts/bench_proj.py --out /tmp/p --side in --in-shape 8,2048,1024,4,128,256,16
+Writes proj.{md,json,png} (output side) and proj_in.{md,json,png} under --out and prints the tables last.
+CUDA only.
 """
 from __future__ import annotations
 
@@ -24,9 +31,12 @@ if __package__ in (None, ""):
 
 import torch
 
+from ops.proj_in import fused as fused_in
+from ops.proj_in import naive as naive_in
 from ops.proj_out import fused, naive
 
 SEED_SHAPE = (8, 4096, 16, 128, 2048)             # B, T, H, V, d: the issue's acceptance configuration
+IN_SEED_SHAPE = (8, 4096, 2048, 16, 128, 128, 16)  # B, T, d, H, K, V, L: the same layer's input side
 MB = 1e6
 
 
@@ -102,6 +112,78 @@ def fused_addmm(o, r, norm_weight, w_o, residual=None, eps=1e-6):
 VARIANTS = {"unfused": naive.proj_out, "fused": fused.proj_out, "fused-mm": fused_mm, "fused-addmm": fused_addmm}
 
 
+def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict:
+    """The input side's analytical HBM traffic (bytes), as hbm_bytes counts it. X = M·d fp32 (x, dx), Xc = M·d
+    bf16 (a cast of x), Q = 2·M·HK + 2·M·HV bf16 (q, k, v, r together, or their gradients), Lo = M·L bf16 (low,
+    dlow), G = M·HK fp32 (gk, dgk), A = M·HK bf16 (gk_up's output, dz), W = N·d bf16 (the five weights), Wp = N·d
+    fp32; Wd = L·d bf16 (W_down's share of W)."""
+    M, HK, HV, N = B * T, H * K, H * V, 2 * H * K + 2 * H * V + L
+    X, Xc, Q, Lo, G, A, W, Wd = M * d * 4, M * d * 2, 2 * M * (HK + HV) * 2, M * L * 2, M * HK * 4, M * HK * 2, \
+        N * d * 2, L * d * 2
+    dbp = (M // 64 + 1) * HK * 4 * 2                          # gk backward's partial column sums, written and read
+    gk_fwd, wcat = {"gk kernel": Lo + G}, {"cast x once": X + Xc, "W_cat (copy + cast)": 3 * W}
+    unfused_fwd = {"cast x ×5": 5 * (X + Xc), "cast weights": 3 * W, "linear q, k, v, r": 4 * Xc + W - Wd + Q,
+                   "linear down": Xc + Lo, "linear up + b": Lo + A, ".float()": A + G, "logsigmoid": 2 * G,
+                   "/ normalizer": 2 * G}
+    fused_fwd = {**wcat, "wide GEMM (q, k, v, r, low)": Xc + W + Q + Lo, **gk_fwd}
+    mm_fwd = {**wcat, "5 mm's into the slices": 5 * Xc + W + Q + Lo, **gk_fwd}
+    unfused_bwd = {"/ normalizer bwd": 2 * G, "logsigmoid bwd": 3 * G, ".float() bwd": G + A,
+                   "linear up bwd (dlow, dW_up, db)": 3 * A + 2 * Lo, "linear down bwd": 2 * Lo + 2 * Xc,
+                   "dgrads q, k, v, r (bf16)": Q + W - Wd + 4 * Xc, "wgrads q, k, v, r": Q + 4 * Xc + W - Wd,
+                   "dW → fp32": 3 * W, "dx_s bf16 → fp32 ×5": 5 * (Xc + X), "sum of x's 5 grads": 4 * 3 * X}
+    shared_bwd = {"gk backward kernel": G + 2 * Lo + A + dbp, "dW_up = dzᵀ low": A + Lo,
+                  "wgrads ×5": Q + Lo + 5 * Xc + W, "dW → fp32": 3 * W}
+    fused_bwd = {"Triton dgrad (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
+    cublas_bwd = {"dx: mm + 4 addmm, fp32 C": Q + Lo + W + X + 4 * 2 * X, **shared_bwd}
+    cat_bwd = {"torch.cat of the grads": 2 * (Q + Lo), "mm (bf16 dx)": Q + Lo + W + Xc, "dx → fp32": Xc + X,
+               **shared_bwd}
+    return {name: {"parts": parts, "total": sum(parts.values())}
+            for name, parts in (("unfused fwd", unfused_fwd), ("fused fwd", fused_fwd), ("fused-mm fwd", mm_fwd),
+                                ("cublas fwd", mm_fwd), ("cublas-cat fwd", mm_fwd), ("unfused bwd", unfused_bwd),
+                                ("fused bwd", fused_bwd), ("fused-mm bwd", fused_bwd), ("cublas bwd", cublas_bwd),
+                                ("cublas-cat bwd", cat_bwd))}
+
+
+def _mm_gemm(xc, w_cat, out, low, HK, HV):
+    """cuBLAS in place of the wide Triton GEMM: one mm per slice, written into the same contiguous slices."""
+    M, bounds = xc.shape[0], [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
+    with torch.autocast("cuda", enabled=False):
+        for a, b in zip(bounds, bounds[1:]):
+            torch.mm(xc, w_cat[a:b].t(), out=out[M * a:M * b].view(M, b - a))
+        torch.mm(xc, w_cat[bounds[-1]:].t(), out=low)
+
+
+def _addmm_dgrad(grads, w_cat, HK, HV, out_dtype):
+    """dx by cuBLAS: mm, then four addmm's accumulating in out_dtype (each reads and writes dx)."""
+    bounds = [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV, w_cat.shape[0]]
+    dx = torch.mm(grads[0], w_cat[:HK], out_dtype=out_dtype)
+    for g, a, b in zip(grads[1:], bounds[1:], bounds[2:]):
+        dx = torch.addmm(dx, g, w_cat[a:b], out_dtype=out_dtype)
+    return dx
+
+
+def _cat_dgrad(grads, w_cat, HK, HV, out_dtype):
+    """dx as one cuBLAS mm over the concatenated gradients (the copy the fused dgrad avoids)."""
+    return (torch.cat(grads, 1) @ w_cat).to(out_dtype)
+
+
+class _MmProjIn(fused_in.FusedProjIn):
+    gemm = staticmethod(_mm_gemm)
+
+
+class _CublasProjIn(_MmProjIn):
+    dgrad = staticmethod(_addmm_dgrad)
+
+
+class _CatProjIn(_MmProjIn):
+    dgrad = staticmethod(_cat_dgrad)
+
+
+IN_VARIANTS = {"unfused": naive_in.proj_in, "fused": fused_in.proj_in,
+               **{label: (lambda *a, c=cls: fused_in.launch(c, *a)) for label, cls in
+                  (("fused-mm", _MmProjIn), ("cublas", _CublasProjIn), ("cublas-cat", _CatProjIn))}}
+
+
 def make_inputs(B, T, H, V, d, seed=0):
     """The op's inputs as the model hands them over under autocast: o, r in bf16; the norm weight and
     W_o fp32 parameters; the residual stream fp32."""
@@ -114,36 +196,53 @@ def make_inputs(B, T, H, V, d, seed=0):
     return [x.requires_grad_() for x in (o, r, nw, w, res)]
 
 
+def make_inputs_in(B, T, d, H, K, V, L, seed=0):
+    """The input side's: x fp32 (the block's RMSNorm output under autocast), the seven fp32 parameters. The op's
+    trailing non-tensor arguments (H, normalizer) are bound by the variants' callers (see side_in)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(B, T, d, device="cuda", generator=g)
+    ws = [torch.randn(n, d, device="cuda", generator=g) / d ** 0.5 for n in (H * K, H * K, H * V, H * V, L)]
+    w_up = torch.randn(H * K, L, device="cuda", generator=g) / L ** 0.5
+    b_up = torch.randn(H * K, device="cuda", generator=g)
+    return [t.requires_grad_() for t in (x, *ws, w_up, b_up)]
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def check(variants: dict, inputs: list, dy: torch.Tensor) -> dict:
-    """Errors of each variant in bf16 against the fp32 oracle (same inputs in fp32), output and every
+def _outputs(y) -> tuple:
+    return y if isinstance(y, tuple) else (y,)
+
+
+def check(variants: dict, oracle, inputs: list, dys: list, out_names: list, in_names: list) -> dict:
+    """Errors of each variant in bf16 against the fp32 oracle (same inputs in fp32), every output and every
     gradient; pass: every fused variant ≤ 2 × unfused + 1e-3 (STYLE.md §7)."""
     ref_in = [x.detach().float().requires_grad_() for x in inputs]
     torch.backends.cuda.matmul.allow_tf32 = False
-    ref = naive.proj_out(*ref_in)
-    ref_g = torch.autograd.grad(ref, ref_in, dy)
+    ref = _outputs(oracle(*ref_in))
+    ref_g = torch.autograd.grad(ref, ref_in, [dy.float() for dy in dys])
     out = {}
     for label, fn in variants.items():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = fn(*inputs)
-        grads = torch.autograd.grad(y, inputs, dy)
-        out[label] = {"out": rel(y, ref), **{n: rel(g, rg) for n, g, rg in
-                                             zip(("do", "dr", "dnorm_w", "dW_o", "dresidual"), grads, ref_g)}}
+            y = _outputs(fn(*inputs))
+        grads = torch.autograd.grad(y, inputs, dys)
+        out[label] = {**{n: rel(a, b) for n, a, b in zip(out_names, y, ref)},
+                      **{n: rel(a, b) for n, a, b in zip(in_names, grads, ref_g)}}
     out["pass"] = all(out[v][k] <= 2 * out["unfused"][k] + 1e-3 for v in variants if v != "unfused" for k in out[v])
     return out
 
 
-def runnable(inputs: list) -> tuple[dict, dict]:
-    """The variants this torch can run, and why each other one cannot (fused-addmm needs aten::addmm.dtype)."""
+def runnable(all_variants: dict, inputs: list) -> tuple[dict, dict]:
+    """The variants this torch can run, and why each other one cannot (fused-addmm and cublas need the
+    aten::*.dtype GEMMs); the unfused chain and the library's fused op must run."""
     ok, skipped = {}, {}
-    for label, fn in VARIANTS.items():
+    for label, fn in all_variants.items():
         try:
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                fn(*[x.detach() for x in inputs])
+                y = _outputs(fn(*inputs))
+            torch.autograd.grad(y, inputs, [torch.ones_like(t) for t in y])
             ok[label] = fn
         except (RuntimeError, TypeError) as e:
             if label in ("unfused", "fused"):
@@ -168,16 +267,16 @@ def saved_bytes(fn, inputs: list) -> int:
     return total
 
 
-def timings(fn, inputs: list, dy: torch.Tensor) -> dict:
+def timings(fn, inputs: list, dys: list) -> dict:
     """Median ms of the training forward (graph built) and of forward+backward; peak memory of the latter."""
     from triton.testing import do_bench
 
     def fwd():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            return fn(*inputs)
+            return _outputs(fn(*inputs))
 
     def fwd_bwd():
-        fwd().backward(dy)
+        torch.autograd.backward(fwd(), dys)
     fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
     fwd_bwd_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=inputs, return_mode="median")
     torch.cuda.synchronize()
@@ -191,7 +290,7 @@ def timings(fn, inputs: list, dy: torch.Tensor) -> dict:
     return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_extra_mb": peak / MB}
 
 
-def plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -208,39 +307,32 @@ def plot(result: dict, path: Path) -> None:
     ax2.set_xticks([0.4 - width / 2, 1.4 - width / 2], ["fwd", "bwd"])
     ax2.set_ylabel("analytical HBM MB")
     ax1.legend()
-    fig.suptitle(f"proj_out {result['shape']} on {result['device']}")
+    fig.suptitle(f"{title} {result['shape']} on {result['device']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, type=Path, help="folder for proj.{md,json,png}")
-    ap.add_argument("--shape", default=",".join(map(str, SEED_SHAPE)), help="B,T,H,V,d")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_proj.py times CUDA kernels; no GPU here")
-    B, T, H, V, d = map(int, args.shape.split(","))
+def measure(side: str, all_variants: dict, oracle, inputs: list, dys: list, out_names: list, in_names: list,
+            bytes_: dict, shape: dict, configs: dict, out: Path, stem: str, title: str) -> tuple[dict, list[str]]:
+    """Checks, times and reports one side: writes {stem}.{json,md,png} under out; returns the result and table."""
     from utils.runinfo import environment
 
-    inputs = make_inputs(B, T, H, V, d)
-    dy = torch.randn(B, T, d, device="cuda")
-    variants, skipped = runnable(inputs)
+    variants, skipped = runnable(all_variants, inputs)
     for label, why in skipped.items():
-        print(f"variant {label} not run: {why}")
-    errors = check(variants, inputs, dy)                                # also runs the autotuning, outside timing
-    print(f"check (rel. error vs fp32; pass = fused ≤ 2× unfused bf16 + 1e-3): {'PASS' if errors['pass'] else 'FAIL'}")
+        print(f"{side}: variant {label} not run: {why}")
+    errors = check(variants, oracle, inputs, dys, out_names, in_names)       # also runs the autotuning, untimed
+    print(f"{side}: check (rel. error vs fp32; pass = fused ≤ 2× unfused bf16 + 1e-3): "
+          f"{'PASS' if errors['pass'] else 'FAIL'}")
     for label in variants:
         print(f"  {label:12s} " + "  ".join(f"{k} {v:.2e}" for k, v in errors[label].items()))
-    times = {label: timings(fn, inputs, dy) for label, fn in variants.items()}
+    times = {label: timings(fn, inputs, dys) for label, fn in variants.items()}
     for label, fn in variants.items():
         times[label]["saved_mb"] = saved_bytes(fn, inputs) / MB
-    bytes_ = hbm_bytes(B, T, H, V, d)
-    result = {"shape": dict(B=B, T=T, H=H, V=V, d=d), "dtype": "bf16 autocast, fp32 residual", "check": errors,
-              "timings": times, "skipped": skipped, "hbm_bytes": bytes_, "device": torch.cuda.get_device_name(),
-              "configs": {"fused GEMM": str(fused._gemm_tuned.best_config)}, **environment(torch.device("cuda"))}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "proj.json").write_text(json.dumps(result, indent=1, default=str))
+    result = {"shape": shape, "dtype": "bf16 autocast, fp32 residual and x", "check": errors, "timings": times,
+              "skipped": skipped, "hbm_bytes": bytes_, "device": torch.cuda.get_device_name(),
+              "configs": {k: str(v.best_config) for k, v in configs.items()}, **environment(torch.device("cuda"))}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     rows = {"fwd ms": {v: times[v]["fwd_ms"] for v in variants},
             "fwd+bwd ms": {v: times[v]["fwd_bwd_ms"] for v in variants},
             "HBM fwd MB": {v: bytes_[f"{v} fwd"]["total"] / MB for v in variants},
@@ -248,25 +340,62 @@ def main(argv: list[str] | None = None) -> dict:
             "saved for bwd MB": {v: times[v]["saved_mb"] for v in variants},
             "peak extra fwd+bwd MB": {v: times[v]["peak_extra_mb"] for v in variants}}
     others = [v for v in variants if v != "unfused"]
-    table = ["| output side | unfused (PyTorch) | " + " | ".join(others) + " | "
+    table = [f"| {side} | unfused (PyTorch) | " + " | ".join(others) + " | "
              + " | ".join(f"unfused ÷ {v}" for v in others) + " |", "|---" * (2 + 2 * len(others)) + "|"]
     table += [f"| {name} | " + " | ".join(f"{vals[v]:.3f}" for v in variants) + " | "
               + " | ".join(f"{vals['unfused'] / vals[v] if vals[v] else float('inf'):.2f}×" for v in others) + " |"
               for name, vals in rows.items()]
-    md = [f"# proj_out: fused vs unfused, {B=} {T=} {H=} {V=} {d=}, bf16 autocast, fp32 residual",
-          "", f"device {result['device']}, torch {result['torch']}, triton {result['triton']}, "
+    md = [f"# {title}: fused vs unfused, " + " ".join(f"{k}={v}" for k, v in shape.items())
+          + ", bf16 autocast, fp32 residual", "",
+          f"device {result['device']}, torch {result['torch']}, triton {result['triton']}, "
           f"commit {result.get('commit', '?')}; do_bench median, warmup 25, rep 100; tiles {result['configs']}",
           f"check vs fp32: {'PASS' if errors['pass'] else 'FAIL'} {json.dumps(errors)}",
           *(f"not run: {v}: {why}" for v, why in skipped.items()), "", *table, "",
-          "HBM bytes per kernel (analytical, scripts/bench_proj.py:hbm_bytes):", ""]
+          "HBM bytes per kernel (analytical, scripts/bench_proj.py:hbm_bytes" + ("_in" if stem != "proj" else "")
+          + "):", ""]
     md += [f"- {name}: " + ", ".join(f"{k} {v / MB:.0f}" for k, v in b["parts"].items()) + f" → {b['total'] / MB:.0f} MB"
            for name, b in bytes_.items() if name.split()[0] in variants]
-    (args.out / "proj.md").write_text("\n".join(md) + "\n")
-    plot(result, args.out / "proj.png")
-    print("\n".join(table))
-    if not errors["pass"]:
+    (out / f"{stem}.md").write_text("\n".join(md) + "\n")
+    plot(result, out / f"{stem}.png", title)
+    return result, table if errors["pass"] else table + [f"{side}: a fused variant FAILED its check; timings invalid"]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, type=Path, help="folder for proj.{md,json,png} and proj_in.{md,json,png}")
+    ap.add_argument("--side", choices=("both", "out", "in"), default="both")
+    ap.add_argument("--shape", default=",".join(map(str, SEED_SHAPE)), help="output side: B,T,H,V,d")
+    ap.add_argument("--in-shape", default=",".join(map(str, IN_SEED_SHAPE)), help="input side: B,T,d,H,K,V,L")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_proj.py times CUDA kernels; no GPU here")
+    results, tables = {}, []
+    if args.side in ("both", "out"):
+        B, T, H, V, d = map(int, args.shape.split(","))
+        inputs = make_inputs(B, T, H, V, d)
+        dys = [torch.randn(B, T, d, device="cuda")]
+        results["out"], table = measure(
+            "output side", VARIANTS, naive.proj_out, inputs, dys, ["out"], ["do", "dr", "dnorm_w", "dW_o", "dresidual"],
+            hbm_bytes(B, T, H, V, d), dict(B=B, T=T, H=H, V=V, d=d), {"fused GEMM": fused._gemm_tuned}, args.out,
+            "proj", "proj_out")
+        tables += table + [""]
+        del inputs, dys
+    if args.side in ("both", "in"):
+        B, T, d, H, K, V, L = map(int, args.in_shape.split(","))
+        inputs = make_inputs_in(B, T, d, H, K, V, L)
+        bind = lambda fn: (lambda *a: fn(*a, H, 16.0))                                       # noqa: E731
+        with torch.autocast("cuda", dtype=torch.bfloat16):                  # each gradient in its output's dtype
+            dys = [torch.randn_like(y) for y in naive_in.proj_in(*[x.detach() for x in inputs], H, 16.0)]
+        results["in"], table = measure(
+            "input side", {k: bind(f) for k, f in IN_VARIANTS.items()}, bind(naive_in.proj_in), inputs, dys,
+            ["q", "k", "v", "gk", "r"], ["dx", "dW_q", "dW_k", "dW_v", "dW_r", "dW_down", "dW_up", "db_up"],
+            hbm_bytes_in(B, T, d, H, K, V, L), dict(B=B, T=T, d=d, H=H, K=K, V=V, L=L),
+            {"wide GEMM": fused_in._gemm_tuned, "dgrad GEMM": fused_in._dgrad_tuned}, args.out, "proj_in", "proj_in")
+        tables += table
+    print("\n".join(tables))
+    if any(not r["check"]["pass"] for r in results.values()):
         raise SystemExit("a fused variant failed its check against the fp32 oracle (see above); timings are not valid")
-    return result
+    return results
 
 
 if __name__ == "__main__":

@@ -117,7 +117,9 @@ def test_registry_and_model_wiring():
         mixer = model.blocks[0].mixer
         assert mixer.proj_out is proj, (backend, fuse)
         logged = dict((op, b) for _, op, b in model.backends())
-        want = {"gla": gla_label, **({"proj_out": "fused[proj]"} if proj is fused.proj_out else {})}
+        # the input side (ops/proj_in) is resolved and logged with it (tests/ops/test_proj_in.py checks its op)
+        fused_proj = {"proj_in": "fused[proj]", "proj_out": "fused[proj]"}
+        want = {"gla": gla_label, **(fused_proj if proj is fused.proj_out else {})}
         assert logged == want, (backend, fuse, logged)
     with pytest.raises(BackendError, match="backend is 'chunk'.*--backend fused"):
         build_model(dataclasses.replace(cfg, backend="chunk", fuse="proj"))

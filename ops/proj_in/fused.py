@@ -1,0 +1,229 @@
+"""The input side of GLA's projection chain on the `fused` backend (issue [H], component `proj`):
+
+    q, k, v, r = x W_qᵀ, x W_kᵀ, x W_vᵀ, x W_rᵀ;   gk = logsigmoid((x W_downᵀ) W_upᵀ + b) / normalizer
+
+Forward, two kernels (ops/proj_in/kernels.py) after one cast of x to bf16 and one bf16 copy of the weights
+into W_cat = [W_q; W_k; W_v; W_r; W_down] ([N, d], N = 2HK + 2HV + L; ≈ 34 MB at the seed shape, rebuilt
+per call so nothing is cached): one wide pipelined Triton GEMM x W_catᵀ whose epilogue stores each column
+into its slice, so q, k, v, r come out as contiguous [B, T, H, D] tensors (the GLA ops call .contiguous(),
+so strided views of one [M, N] output would be copied there) and the rank-L `low` as [M, L]; then one small
+kernel gk = logsigmoid(low W_upᵀ + b)/normalizer (inner dimension L = 16: one tl.dot per tile) writing fp32.
+Backward: one kernel recomputes z from low, writes dz = dgk·σ(−z)/normalizer (bf16), dlow = dz W_up and
+db's partial sums; dW_up = dzᵀ low (cuBLAS); dx = Σ_s dA_s W_s by one Triton GEMM with one K loop per
+gradient (dq, dk, dv, dr, dlow arrive as separate tensors: concatenating them would cost 1 GB of copies),
+stored once in x's dtype; the five dW_s = dA_sᵀ x (cuBLAS). Saved: bf16 x, low, W_cat (PyTorch's chain
+keeps five bf16 casts of x and the fp32 logsigmoid input).
+
+Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 32768, N = 8208; X = one
+[M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for elementwise kernels,
+~650 TFLOP/s for cuBLAS bf16 GEMMs and ~550 for the Triton ones (proj_out v2's measurements)):
+  unfused fwd  5 casts of x 5 × 1.5X = 2013 MB; 4 GEMMs 2·M·d·2048 = 275 GFLOP each, 1100 GFLOP ≈ 1.69 ms;
+               gk chain (down, up, .float(), logsigmoid, /16) 1.75 GB; weight casts 101 MB
+               → 4968 MB, ≈ 1.69 + 3590 MB of elementwise ≈ 1.28 + small GEMMs 0.1 ≈ 3.1 ms
+  fused fwd    cast x 403 MB 0.14 ms; W_cat 101 MB 0.04; wide GEMM 2·M·d·N = 1102 GFLOP ≈ 2.0 ms (its 538 MB
+               of stores under other tiles' main loops); gk kernel 270 MB 0.1 → 1478 MB, ≈ 2.3 ms (1.35×)
+  unfused bwd  per slice dgrad + wgrad 550 GFLOP, dx_s bf16 → fp32 403 MB, dW cast 25 MB; x's grad summed
+               from 5 fp32 parts, 4 × 805 MB; gk chain backward 2.8 GB → 9970 MB, 2200 GFLOP ≈ 3.4 + 2.8 ≈ 6.2 ms
+  fused bwd    gk backward 408 MB 0.15 ms; dW_up 135 MB 0.05; dgrad 1102 GFLOP ≈ 2.0 ms writing fp32 dx once;
+               4 wgrads 1100 GFLOP ≈ 1.7 ms; dW_down, casts 0.1 → 2732 MB, ≈ 4.0 ms
+               fwd+bwd ≈ 6.3 ms vs unfused 9.3 ms (1.5×)
+The GEMMs are ~80% of the fused time, so which engine runs them decides the ratio: the wide Triton GEMM
+reads x once and needs no copies, but cuBLAS runs ~15% faster per FLOP. scripts/bench_proj.py times both
+(`fused-mm`: cuBLAS per-slice mm's into the same slices; `cublas`: also dx by an fp32 addmm chain).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+
+from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.tiles import dot_precision
+from ops.proj_in.kernels import dgrad_kernel, gemm_in_kernel, gk_bwd_kernel, gk_fwd_kernel
+
+COMPONENTS = ("proj",)
+# Both big GEMMs (forward x W_catᵀ, backward dx): 4 configs each, keyed on the widths, never on the rows.
+# 128×256 / 256×128 with 3 stages take 144 KB of shared memory (sm80 holds 163 KB, sm90 227 KB).
+GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, num_stages=st)
+                for bm, bn, nw, st in ((128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4))]
+# The gk kernels stream [BR, BN] fp32 tiles (bound by HBM; no autotuning). BR rows per backward program also
+# sets db's partials: M / BR rows of HK floats (4 MB at the seed shape).
+GK_FWD = dict(BR=64, BN=128, num_warps=4)
+GK_BWD = dict(BR=64, BN=128, num_warps=8)
+MAX_RANK = 64                                    # low [BR, L] and dlow stay in registers: L ≤ 64
+# Under TRITON_INTERPRET=1 (CPU tests): small tiles, so test sizes give several programs, ragged edges and
+# GEMM column tiles that straddle slice boundaries.
+INTERPRET_GEMM = dict(BM=16, BN=16, BK=16, GROUP=2)
+INTERPRET_GK = dict(BR=16, BN=16)
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop tiles wider than the output they cover (keep the narrowest if none is left)."""
+    n = triton.next_power_of_2(named_args["N"] if "N" in named_args else named_args["D"])
+    kept = [c for c in configs if c.kwargs["BN"] <= max(n, 64)]
+    return kept or [min(configs, key=lambda c: c.kwargs["BN"])]
+
+
+_gemm_tuned = triton.autotune(GEMM_CONFIGS, key=["N", "D", "HK", "HV", "L"],
+                              prune_configs_by={"early_config_prune": _prune})(gemm_in_kernel)
+_dgrad_tuned = triton.autotune(GEMM_CONFIGS, key=["D", "HK", "HV", "L"],
+                               prune_configs_by={"early_config_prune": _prune})(dgrad_kernel)
+
+
+def widths(w_q: torch.Tensor, w_v: torch.Tensor, w_down: torch.Tensor) -> tuple[int, int, int, list[int]]:
+    """HK, HV, L and the slice starts of W_cat's rows: [0, HK, 2HK, 2HK + HV, 2HK + 2HV, N]."""
+    HK, HV, L = w_q.shape[0], w_v.shape[0], w_down.shape[0]
+    return HK, HV, L, [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV, 2 * HK + 2 * HV + L]
+
+
+def concat_weights(ws: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
+    """W_cat [N, d] in dtype: each weight copied (and cast) into its rows once, no fp32 intermediate."""
+    w_cat = torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], device=ws[0].device, dtype=dtype)
+    row = 0
+    for w in ws:
+        w_cat[row:row + w.shape[0]].copy_(w)
+        row += w.shape[0]
+    return w_cat
+
+
+def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, low: torch.Tensor, HK: int, HV: int) -> None:
+    """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements) and low [M, L]."""
+    M, D = xc.shape
+    N, L = w_cat.shape[0], low.shape[1]
+    args = (xc, w_cat, out, low, M, N, D, HK, HV, L)
+    if xc.is_cuda:
+        grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)      # noqa: E731
+        _gemm_tuned[grid](*args, PREC=dot_precision(xc))
+    else:
+        t = INTERPRET_GEMM
+        gemm_in_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)](*args, PREC=dot_precision(xc), **t)
+
+
+def dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """grads = [dq, dk, dv, dr, dlow] ([M, width] contiguous, w_cat's dtype) → dx = Σ_s dA_s W_cat[slice s],
+    [M, d] in out_dtype."""
+    M, L = grads[4].shape
+    D = w_cat.shape[1]
+    dx = torch.empty(M, D, device=w_cat.device, dtype=out_dtype)
+    args = (*grads, w_cat, dx, M, D, HK, HV, L)
+    if w_cat.is_cuda:
+        grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(D, m["BN"]),)      # noqa: E731
+        _dgrad_tuned[grid](*args, PREC=dot_precision(w_cat))
+    else:
+        t = INTERPRET_GEMM
+        dgrad_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(D, t["BN"]),)](*args, PREC=dot_precision(w_cat), **t)
+    return dx
+
+
+def _gk_tiles(low: torch.Tensor, bwd: bool) -> tuple[dict, dict]:
+    """(tile sizes, launch options) of a gk kernel: BL pads the rank to a power of two ≥ 16 (tl.dot's minimum)."""
+    bl = max(16, triton.next_power_of_2(low.shape[1]))
+    if not low.is_cuda:
+        return dict(INTERPRET_GK, BL=bl), {}
+    t = GK_BWD if bwd else GK_FWD
+    return dict(BR=t["BR"], BN=t["BN"], BL=bl), dict(num_warps=t["num_warps"])
+
+
+def gk_fwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, inv_norm: float) -> torch.Tensor:
+    """low [M, L], w_up [HK, L] (one dtype), b_up [HK] → gk = logsigmoid(low W_upᵀ + b)·inv_norm, [M, HK] fp32."""
+    (M, L), HK = low.shape, w_up.shape[0]
+    gk = torch.empty(M, HK, device=low.device, dtype=torch.float32)
+    t, opts = _gk_tiles(low, bwd=False)
+    grid = (triton.cdiv(M, t["BR"]), triton.cdiv(HK, t["BN"]))
+    gk_fwd_kernel[grid](low, w_up, b_up, gk, M, HK, L, inv_norm, PREC=dot_precision(low), **t, **opts)
+    return gk
+
+
+def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch.Tensor,
+           inv_norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dgk [M, HK] → dz [M, HK] and dlow [M, L] in low's dtype, db [HK] fp32."""
+    (M, L), HK = low.shape, w_up.shape[0]
+    t, opts = _gk_tiles(low, bwd=True)
+    programs = triton.cdiv(M, t["BR"])
+    dz = torch.empty(M, HK, device=low.device, dtype=low.dtype)
+    dlow = torch.empty_like(low)
+    dbp = torch.empty(programs, HK, device=low.device, dtype=torch.float32)   # every program writes its row
+    gk_bwd_kernel[(programs,)](low, w_up, b_up, dgk, dz, dlow, dbp, M, HK, L, inv_norm, PREC=dot_precision(low),
+                               **t, **opts)
+    return dz, dlow, dbp.sum(0)
+
+
+class FusedProjIn(torch.autograd.Function):
+    """x [M, d] in any float dtype, the seven parameters as nn.Linear holds them → q, k [M, HK], v, r [M, HV] in
+    `dtype` (views of one buffer) and gk [M, HK] fp32. `gemm` and `dgrad` are the two big GEMMs' engines
+    (scripts/bench_proj.py swaps in cuBLAS ones); everything else is shared."""
+    gemm = staticmethod(wide_gemm)
+    dgrad = staticmethod(dgrad)
+
+    @staticmethod
+    def forward(ctx, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, inv_norm):
+        M = x.shape[0]
+        HK, HV, L, _ = widths(w_q, w_v, w_down)
+        xc = x.to(dtype).contiguous()                 # the one cast of x (PyTorch's chain casts it five times)
+        w_cat = concat_weights((w_q, w_k, w_v, w_r, w_down), dtype)
+        out = torch.empty(M * (2 * HK + 2 * HV), device=x.device, dtype=dtype)
+        low = torch.empty(M, L, device=x.device, dtype=dtype)    # its own tensor: saving it keeps only M·L alive
+        ctx._forward_cls.gemm(xc, w_cat, out, low, HK, HV)    # the subclass's engine (the class applied)
+        wu = w_up.to(dtype).contiguous()
+        gk = gk_fwd(low, wu, b_up, inv_norm)
+        ctx.save_for_backward(xc, low, w_cat, wu, b_up)
+        ctx.inv_norm, ctx.x_dtype, ctx.w_dtypes = inv_norm, x.dtype, [w.dtype for w in (w_q, w_k, w_v, w_r, w_down)]
+        q, k, v, r = (out[M * a:M * b].view(M, b - a) for a, b in
+                      ((0, HK), (HK, 2 * HK), (2 * HK, 2 * HK + HV), (2 * HK + HV, 2 * HK + 2 * HV)))
+        return q, k, v, gk, r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
+    def backward(ctx, dq, dk, dv, dgk, dr):
+        xc, low, w_cat, wu, b_up = ctx.saved_tensors
+        HK = wu.shape[0]
+        HV = (w_cat.shape[0] - 2 * HK - low.shape[1]) // 2
+        dz, dlow, db = gk_bwd(low, wu, b_up, dgk.float().contiguous(), ctx.inv_norm)
+        dw_up = dz.t() @ low                          # [HK, L], cuBLAS: M is the reduction
+        del dz
+        grads = [g.to(xc.dtype).contiguous() for g in (dq, dk, dv, dr)] + [dlow]
+        dx = ctx._forward_cls.dgrad(grads, w_cat, HK, HV, ctx.x_dtype)
+        dws = [(g.t() @ xc).to(wd) for g, wd in zip(grads, ctx.w_dtypes)]   # dW_s = dA_sᵀ x, cuBLAS
+        return (dx, *dws, dw_up.to(ctx.w_dtypes[0]), db.to(b_up.dtype), None, None)
+
+
+def launch(fn: type[torch.autograd.Function], x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+           w_v: torch.Tensor, w_r: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor,
+           n_heads: int, normalizer: float) -> tuple[torch.Tensor, ...]:
+    """Checks proj_in's arguments and applies `fn` (FusedProjIn, or a benchmark's variant of it) to x as [B·T, d]."""
+    from ops import BackendError
+
+    B, T, d = x.shape
+    H = n_heads
+    HK, HV, L, starts = widths(w_q, w_v, w_down)
+    if not (w_q.shape == w_k.shape == (HK, d) and w_v.shape == w_r.shape == (HV, d) and w_down.shape == (L, d)
+            and w_up.shape == (HK, L) and b_up.shape == (HK,) and HK % H == 0 and HV % H == 0):
+        raise ValueError(f"proj_in: shapes x {tuple(x.shape)}, w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, "
+                         f"w_v {tuple(w_v.shape)}, w_r {tuple(w_r.shape)}, w_down {tuple(w_down.shape)}, "
+                         f"w_up {tuple(w_up.shape)}, b_up {tuple(b_up.shape)}, {H} heads do not agree")
+    if B * T * max(starts[-1], d) >= 2 ** 31:
+        raise BackendError(f"op 'proj_in', backend 'fused': B·T·max(N, d) = {B * T * max(starts[-1], d)} overflows "
+                           "the kernels' int32 offsets; use a smaller micro-batch or drop 'proj' from --fuse")
+    if L > MAX_RANK:
+        raise BackendError(f"op 'proj_in', backend 'fused': gate low rank {L} > {MAX_RANK} (the gk kernels keep "
+                           f"[rows, rank] tiles in registers); use gate_low_rank ≤ {MAX_RANK} or drop 'proj' "
+                           "from --fuse")
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    q, k, v, gk, r = fn.apply(x.reshape(B * T, d), w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, 1.0 / normalizer)
+    return q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), gk.view(B, T, H, -1), r.view(B, T, HV)
+
+
+def proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
+            w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
+            normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
+    """Shapes as ops.proj_in.naive.proj_in: x [B, T, d]; w_q, w_k [H·K, d]; w_v, w_r [H·V, d]; w_down [L, d];
+    w_up [H·K, L]; b_up [H·K] → q, k [B, T, H, K], v [B, T, H, V] (x's dtype, or autocast's), gk [B, T, H, K]
+    fp32, r [B, T, H·V]. Any K, V, L ≤ 64 (tiles are masked)."""
+    return launch(FusedProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
+
+
+def build(fuse: frozenset[str]) -> Callable:
+    """`proj` is this op's one component (ops.get_op has checked the names)."""
+    return proj_in

@@ -1,0 +1,168 @@
+"""Triton kernels of the fused input projection (issue [H]); ops/proj_in/fused.py launches them.
+
+Rows m = (b, t) flattened, M = B·T; d the model width; HK = H·K, HV = H·V, L the decay's low rank.
+W_cat = [W_q; W_k; W_v; W_r; W_down] is a row-major [N, d] bf16 copy of the five weights (N = 2HK + 2HV + L),
+so output column c of x W_catᵀ belongs to slice q (c < HK), k (< 2HK), v (< 2HK + HV), r (< C4 = 2HK + 2HV)
+or low (< N). q, k, v, r live back to back in one buffer `out`, each a contiguous [M, width] block
+(slice s starts at element M·start_s), so each is the contiguous [B, T, H, D] tensor the mixer wants.
+
+    gemm_in_kernel   x[M, d] W_catᵀ → q, k, v, r (out) and low [M, L], each written once
+    gk_fwd_kernel    gk = logsigmoid(low W_upᵀ + b) / normalizer                         [M, HK] fp32
+    gk_bwd_kernel    dz = dgk · sigmoid(−z) / normalizer (z recomputed), dlow = dz W_up, db partials
+    dgrad_kernel     dx = dq W_q + dk W_k + dv W_v + dr W_r + dlow W_down: one K loop per operand,
+                     one accumulator, so the five gradients are never concatenated and dx is written once
+
+No dot accumulator is ever transposed (the Hopper miscompile in ../shared/GPU.md): W tiles that are needed
+transposed are loaded transposed by their pointers; dz (derived from the z accumulator) enters a dot only
+as its untransposed A operand.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """(pid_m, pid_n): GROUP row tiles run together and share each column tile's W slice in L2."""
+    pid = tl.program_id(0)
+    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    per_group = GROUP * num_n
+    first_m = (pid // per_group) * GROUP
+    size_m = tl.minimum(num_m - first_m, GROUP)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.jit
+def _slice_start(c, HK, HV):
+    """The first column of the slice (q, k, v or r) that column c belongs to; c < C4."""
+    return tl.where(c < HK, 0, tl.where(c < 2 * HK, HK, tl.where(c < 2 * HK + HV, 2 * HK, 2 * HK + HV)))
+
+
+@triton.jit
+def gemm_in_kernel(x, w, out, low, M, N, D, HK, HV, L, PREC: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """[M, N] = x[M, D] W_cat[N, D]ᵀ, fp32 accumulation, each column stored in its slice (module docstring).
+    The main loop is proj_out's pipelined tl.dot loop; only the epilogue knows about slices."""
+    pid_m, pid_n = _grouped_tile(M, N, BM, BN, GROUP)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    ra, cb = rows % M, cols % N              # edge rows/cols wrap onto valid ones (never stored): K mask only
+    kk = tl.arange(0, BK)
+    a_ptr = x + ra[:, None] * D + kk[None, :]                                               # [BM, BK]
+    w_ptr = w + cb[None, :] * D + kk[:, None]                                               # [BK, BN] = W_catᵀ tile
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        mk = kk < D - k0
+        acc = tl.dot(tl.load(a_ptr, mask=mk[None, :], other=0.0), tl.load(w_ptr, mask=mk[:, None], other=0.0),
+                     acc, input_precision=PREC)
+        a_ptr += BK
+        w_ptr += BK
+    C4 = 2 * HK + 2 * HV
+    mrow = (rows < M)[:, None]
+    c0 = pid_n * BN
+    c1 = tl.minimum(c0 + BN, N) - 1                                      # the tile's last real column
+    acc = acc.to(out.dtype.element_ty)
+    if c0 >= C4:                                     # all low: a [BM, ≤ BN] block of the [M, L] tensor
+        tl.store(low + rows[:, None] * L + (cols - C4)[None, :], acc, mask=mrow & (cols < N)[None, :])
+    elif (_slice_start(c0, HK, HV) == _slice_start(tl.minimum(c1, C4 - 1), HK, HV)) & (c1 < C4):
+        # one slice (always so when BN divides HK and HV): scalar start and width, so the addresses are
+        # affine in the columns and the stores vectorise
+        # (names differ from the else branch's: Triton 3.6 wants one type per name across if/else)
+        s0 = _slice_start(c0, HK, HV)
+        width0 = tl.where(c0 < 2 * HK, HK, HV)
+        tl.store(out + s0 * M + rows[:, None] * width0 + (cols - s0)[None, :], acc, mask=mrow & (cols < N)[None, :])
+    else:                                            # a tile across a slice boundary: per-column addresses
+        s = _slice_start(cols, HK, HV)
+        widths = tl.where(cols < 2 * HK, HK, HV)
+        tl.store(out + s[None, :] * M + rows[:, None] * widths[None, :] + (cols - s)[None, :], acc,
+                 mask=mrow & (cols < C4)[None, :])
+        tl.store(low + rows[:, None] * L + (cols - C4)[None, :], acc, mask=mrow & ((cols >= C4) & (cols < N))[None, :])
+
+
+@triton.jit
+def _logsigmoid(z):
+    """min(z, 0) − log(1 + exp(−|z|)): no overflow at either tail. (Without log1p the z ≫ 0 tail, |gk| < 6e-8,
+    reads 0: an absolute error far below bf16's resolution of the gk values that matter.)"""
+    return tl.minimum(z, 0.0) - tl.log(1.0 + tl.exp(-tl.abs(z)))
+
+
+@triton.jit
+def _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC: tl.constexpr):
+    """z[BR, BN] = low_t[BR, BL] W_up[cols, :]ᵀ + b[cols] in fp32 (W_upᵀ's tile loaded transposed)."""
+    wt = tl.load(w_up + cols[None, :] * L + ll[:, None], mask=mc[None, :] & (ll < L)[:, None], other=0.0)
+    b = tl.load(b_up + cols, mask=mc, other=0.0).to(tl.float32)
+    return tl.dot(low_t, wt, input_precision=PREC) + b[None, :]
+
+
+@triton.jit
+def gk_fwd_kernel(low, w_up, b_up, gk, M, HK, L, inv_norm, PREC: tl.constexpr,
+                  BR: tl.constexpr, BN: tl.constexpr, BL: tl.constexpr):
+    """Program (row block, column block): gk[BR, BN] = logsigmoid(low W_upᵀ + b) · inv_norm, stored fp32.
+    The inner dimension is L (16): one tl.dot per tile, padded to BL ≥ 16 with zeros."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    ll = tl.arange(0, BL)
+    mr, mc = rows < M, cols < HK
+    low_t = tl.load(low + rows[:, None] * L + ll[None, :], mask=mr[:, None] & (ll < L)[None, :], other=0.0)
+    z = _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC)
+    tl.store(gk + rows[:, None] * HK + cols[None, :], _logsigmoid(z) * inv_norm, mask=mr[:, None] & mc[None, :])
+
+
+@triton.jit
+def gk_bwd_kernel(low, w_up, b_up, dgk, dz, dlow, dbp, M, HK, L, inv_norm, PREC: tl.constexpr,
+                  BR: tl.constexpr, BN: tl.constexpr, BL: tl.constexpr):
+    """One program per BR rows, looping over HK in BN-wide blocks: recomputes z, writes dz = dgk·σ(−z)·inv_norm
+    (dz's dtype, for dW_up = dzᵀ low by cuBLAS), accumulates dlow[BR, L] = dz W_up across the blocks, and
+    stores its partial column sums of dz (db) in dbp[pid, :HK]. Masked rows and columns give dz = 0."""
+    pid = tl.program_id(0)
+    rows = pid * BR + tl.arange(0, BR)
+    ll = tl.arange(0, BL)
+    mr, ml = rows < M, ll < L
+    low_t = tl.load(low + rows[:, None] * L + ll[None, :], mask=mr[:, None] & ml[None, :], other=0.0)
+    acc = tl.zeros([BR, BL], dtype=tl.float32)
+    for c0 in range(0, HK, BN):
+        cols = c0 + tl.arange(0, BN)
+        mc = cols < HK
+        z = _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC)
+        at = rows[:, None] * HK + cols[None, :]
+        g = tl.load(dgk + at, mask=mr[:, None] & mc[None, :], other=0.0).to(tl.float32)
+        d = g * tl.sigmoid(-z) * inv_norm                          # d logsigmoid(z)/dz = σ(−z)
+        tl.store(dz + at, d.to(dz.dtype.element_ty), mask=mr[:, None] & mc[None, :])
+        tl.store(dbp + pid * HK + cols, tl.sum(d, axis=0), mask=mc)
+        wu = tl.load(w_up + cols[:, None] * L + ll[None, :], mask=mc[:, None] & ml[None, :], other=0.0)  # [BN, BL]
+        acc = tl.dot(d.to(wu.dtype), wu, acc, input_precision=PREC)
+    tl.store(dlow + rows[:, None] * L + ll[None, :], acc.to(dlow.dtype.element_ty), mask=mr[:, None] & ml[None, :])
+
+
+@triton.jit
+def _segment(acc, a, KW, w, k_row, D, ra, cb, PREC: tl.constexpr, BK: tl.constexpr):
+    """acc += a[ra, :KW] W_cat[k_row : k_row + KW, cb]: one operand's pipelined K loop (a is [M, KW] contiguous)."""
+    kk = tl.arange(0, BK)
+    a_ptr = a + ra[:, None] * KW + kk[None, :]                                              # [BM, BK]
+    w_ptr = w + (k_row + kk)[:, None] * D + cb[None, :]                                     # [BK, BN]
+    for k0 in range(0, KW, BK):
+        mk = kk < KW - k0                   # rows of W_cat past this slice belong to the next one: masked
+        acc = tl.dot(tl.load(a_ptr, mask=mk[None, :], other=0.0), tl.load(w_ptr, mask=mk[:, None], other=0.0),
+                     acc, input_precision=PREC)
+        a_ptr += BK
+        w_ptr += BK * D
+    return acc
+
+
+@triton.jit
+def dgrad_kernel(dq, dk, dv, dr, dlow, w, dx, M, D, HK, HV, L, PREC: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    """dx[M, D] = Σ_s dA_s[M, w_s] W_cat[slice s, :] over the five slices, fp32 accumulation, stored in dx's dtype."""
+    pid_m, pid_n = _grouped_tile(M, D, BM, BN, GROUP)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    ra, cb = rows % M, cols % D
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc = _segment(acc, dq, HK, w, 0, D, ra, cb, PREC, BK)
+    acc = _segment(acc, dk, HK, w, HK, D, ra, cb, PREC, BK)
+    acc = _segment(acc, dv, HV, w, 2 * HK, D, ra, cb, PREC, BK)
+    acc = _segment(acc, dr, HV, w, 2 * HK + HV, D, ra, cb, PREC, BK)
+    acc = _segment(acc, dlow, L, w, 2 * HK + 2 * HV, D, ra, cb, PREC, BK)
+    mask = (rows < M)[:, None] & (cols < D)[None, :]
+    tl.store(dx + rows[:, None] * D + cols[None, :], acc.to(dx.dtype.element_ty), mask=mask)

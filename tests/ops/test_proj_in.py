@@ -1,0 +1,178 @@
+"""The fused input projection (issue [H], ops/proj_in/fused.py) against its naive oracle: every output (q, k, v,
+gk, r) and the gradient of every input (x and all seven weights and the bias); fp32 under the Triton
+interpreter at ragged sizes with poisoned allocations, bf16 on the GPU at the seed's and the GLA configs' layer
+shapes; the registry wiring, saved memory and refusals. (The model-level fp32 check with `proj` fused, both
+sides, is tests/ops/test_proj_out.py::test_gla_model_with_fused_proj_equals_naive_fp32.)"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from ops import BackendError, get_op, parse_fuse
+from ops.proj_in import fused, naive
+from tests.helpers import rel_err
+
+OUTS = ["q", "k", "v", "gk", "r"]
+INS = ["x", "w_q", "w_k", "w_v", "w_r", "w_down", "w_up", "b_up"]
+
+
+def make_inputs(B, T, d, H, K, V, L, device="cpu", bias_scale=1.0, seed=0):
+    """x and the seven parameters in nn.Linear's layouts, fp32; scaled so that z = low W_upᵀ + b is O(1)
+    (bias_scale stretches it: logsigmoid's saturated tails)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, d, generator=g)
+    w = [torch.randn(n, d, generator=g) / d ** 0.5 for n in (H * K, H * K, H * V, H * V, L)]
+    w_up = torch.randn(H * K, L, generator=g) / L ** 0.5
+    b_up = bias_scale * torch.randn(H * K, generator=g)
+    return [t.to(device).requires_grad_() for t in (x, *w, w_up, b_up)]
+
+
+def run(fn, inputs, H, normalizer, dys=None):
+    """The five outputs and the gradients of all eight inputs against random output gradients dys
+    (each in its output's dtype, as the mixer and proj_out hand them back)."""
+    outs = fn(*inputs, H, normalizer)
+    if dys is None:
+        g = torch.Generator().manual_seed(1)
+        dys = [torch.randn(o.shape, generator=g).to(o.device) for o in outs]
+    grads = torch.autograd.grad(outs, inputs, [dy.to(o.dtype) for dy, o in zip(dys, outs)])
+    return dict(zip(OUTS, outs)), dict(zip(INS, grads)), dys
+
+
+# (B, T, d, H, K, V, L). Interpreter tiles (fused.INTERPRET_*): GEMMs 16×16×16, gk kernels 16 rows × 16 columns.
+# B·T, d ragged against them; HK = 24, 36 and HV = 36, 20 put slice boundaries inside column tiles (the
+# per-column epilogue), HK = HV = 32 keeps every tile inside one slice (the vectorised one) and then the low
+# slice starts its own tile; L = 16, 4, 5, 1 (padded to 16 inside the gk kernels); K ≠ V.
+SHAPES = [(2, 13, 40, 3, 8, 12, 4), (1, 21, 33, 2, 16, 16, 16), (1, 9, 24, 1, 20, 24, 5), (2, 7, 17, 3, 12, 12, 1),
+          (1, 19, 48, 4, 9, 5, 16)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}d{}H{}K{}V{}L{}".format(*s))
+def test_fused_matches_naive_fp32(shape, device, poison_empty):
+    """fp32 with exact dots (input_precision ieee): every output and gradient within 1e-5 (DESIGN §6); NaN-filled
+    allocations make any element a kernel leaves unwritten fail. q, k, v, r come out contiguous: the mixer's
+    .contiguous() is free."""
+    H = shape[3]
+    inputs = make_inputs(*shape, device=device)
+    ref_o, ref_g, dys = run(naive.proj_in, inputs, H, 16.0)
+    out, grads, _ = run(fused.proj_in, inputs, H, 16.0, dys)
+    for name in OUTS:
+        assert out[name].shape == ref_o[name].shape and out[name].dtype == ref_o[name].dtype, name
+        assert out[name].is_contiguous(), name
+        assert rel_err(out[name], ref_o[name]) < 1e-5, name
+    for name in INS:
+        assert grads[name].shape == inputs[INS.index(name)].shape, name
+        assert rel_err(grads[name], ref_g[name]) < 1e-5, name
+
+
+@pytest.mark.parametrize("normalizer", [1.0, 5.0])
+def test_normalizer_and_saturated_gate(normalizer, device):
+    """A normalizer other than the default reaches both gk kernels, and a bias 25× larger drives z deep into
+    logsigmoid's tails (|z| ≳ 10: the series branch of log1p and σ(−z) → 0 or 1)."""
+    shape = (1, 11, 24, 2, 16, 8, 16)
+    inputs = make_inputs(*shape, device=device, bias_scale=25.0)
+    ref_o, ref_g, dys = run(naive.proj_in, inputs, 2, normalizer)
+    out, grads, _ = run(fused.proj_in, inputs, 2, normalizer, dys)
+    assert rel_err(out["gk"], ref_o["gk"]) < 1e-5
+    for name in ("x", "w_down", "w_up", "b_up"):
+        assert rel_err(grads[name], ref_g[name]) < 1e-5, name
+
+
+def test_saves_less_than_the_unfused_chain():
+    """The fused op keeps one copy of x, low and W_cat; PyTorch's chain keeps what each linear and logsigmoid needs."""
+    def saved(fn):
+        total, seen = 0, set()
+
+        def pack(t):
+            nonlocal total
+            if t.untyped_storage().data_ptr() not in seen and not isinstance(t, torch.nn.Parameter):
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+            return t
+        inputs = make_inputs(*shape)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(*inputs, 2, 16.0)
+        return total
+
+    shape = B, T, d, H, K, V, L = (2, 32, 64, 2, 16, 16, 4)
+    fused_bytes, naive_bytes = saved(fused.proj_in), saved(naive.proj_in)
+    w_cat = (2 * H * K + 2 * H * V + L) * d * 4
+    assert fused_bytes <= (B * T * d + B * T * L + H * K * L + H * K) * 4 + w_cat, fused_bytes
+    assert fused_bytes < naive_bytes, (fused_bytes, naive_bytes)
+
+
+def test_refusals_name_op_backend_and_remedy():
+    """int32 overflow and a rank the gk kernels do not hold are refused before anything runs (meta tensors)."""
+    def meta(B, T, d, HK, HV, L):
+        return [torch.empty(*s, device="meta") for s in ((B, T, d), (HK, d), (HK, d), (HV, d), (HV, d), (L, d),
+                                                          (HK, L), (HK,))]
+    with pytest.raises(BackendError, match="op 'proj_in', backend 'fused': .*int32.*--fuse"):
+        fused.proj_in(*meta(64, 8192, 2048, 2048, 2048, 16), 16)
+    with pytest.raises(BackendError, match="op 'proj_in', backend 'fused': gate low rank 96.*--fuse"):
+        fused.proj_in(*meta(1, 8, 64, 32, 32, 96), 2)
+    with pytest.raises(ValueError, match="proj_in: shapes"):
+        fused.proj_in(*meta(1, 8, 64, 32, 32, 16)[:-1], torch.empty(31, device="meta"), 2)
+
+
+def test_gemm_autotune_is_small_and_ignores_rows():
+    """≤ 6 configs per GEMM (STYLE.md §11), keyed on the widths, never on B·T."""
+    assert len(fused.GEMM_CONFIGS) <= 6
+    assert set(fused._gemm_tuned.keys) == {"N", "D", "HK", "HV", "L"}
+    assert set(fused._dgrad_tuned.keys) == {"D", "HK", "HV", "L"}
+
+
+def test_registry_and_model_wiring():
+    """The proj component resolves GLA's input side exactly as it does its output side."""
+    from model import build_model
+    from model.config import ModelConfig
+
+    assert get_op("proj_in", "fused") is fused.proj_in
+    assert get_op("proj_in", "fused", parse_fuse("proj")) is fused.proj_in
+    with pytest.raises(BackendError, match="op 'proj_in'.*no fused state component"):
+        get_op("proj_in", "fused", parse_fuse("state"))
+    cfg = ModelConfig(family="gla", d_model=32, n_layers=1, n_heads=2, head_k_dim=8, head_v_dim=16, vocab_size=64)
+    for (backend, fuse), want in {("fused", None): fused.proj_in, ("fused", "proj"): fused.proj_in,
+                                  ("fused", "chunk,state"): naive.proj_in, ("chunk", None): naive.proj_in,
+                                  ("naive", None): naive.proj_in}.items():
+        mixer = build_model(dataclasses.replace(cfg, backend=backend, fuse=fuse)).blocks[0].mixer
+        assert mixer.proj_in is want, (backend, fuse)
+        assert ("proj_in" in mixer.resolved_ops) == (want is fused.proj_in), (backend, fuse)
+
+
+# ---- the GPU: bf16 at the seed's shape, GLA-340M's (K 128, V 256) and GLA-125M's layers, a ragged one ----
+GPU_SHAPES = {"seed_B8T4096d2048H16K128": (8, 4096, 2048, 16, 128, 128, 16),
+              "gla340m_B8T2048d1024H4K128V256": (8, 2048, 1024, 4, 128, 256, 16),
+              "gla125m_B8T2048d768H12K64": (8, 2048, 768, 12, 64, 64, 16),
+              "ragged_B1T1000d200H3K40V24L5": (1, 1000, 200, 3, 40, 24, 5)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 at full shapes needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(GPU_SHAPES))
+def test_fused_matches_naive_bf16_gpu(name):
+    """Under bf16 autocast, as the model runs (fp32 x from the block's norm), against the fp32 naive op. Bound:
+    twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of rounding slack
+    (STYLE.md §7), for every output and every gradient."""
+    shape = GPU_SHAPES[name]
+    H = shape[3]
+    inputs = make_inputs(*shape, device="cuda")
+    ref_o, ref_g, dys = run(naive.proj_in, inputs, H, 16.0)            # fp32, no TF32 in the naive linears
+    dys = [dy.cuda() for dy in dys]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        nb_o, nb_g, _ = run(naive.proj_in, inputs, H, 16.0, dys)
+        out, grads, _ = run(fused.proj_in, inputs, H, 16.0, dys)
+    assert [out[n].dtype for n in OUTS] == [nb_o[n].dtype for n in OUTS]
+    errs = {n: (rel_err(out[n], ref_o[n]), rel_err(nb_o[n], ref_o[n])) for n in OUTS}
+    errs |= {f"d{n}": (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in INS}
+    bad = {n: e for n, e in errs.items() if not e[0] <= 2 * e[1] + 1e-3}
+    assert not bad, f"(fused, naive bf16) errors: {errs}"
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmuls():
+    """The naive oracle's F.linear in true fp32 on the GPU (TF32 would be the reference's own error)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
