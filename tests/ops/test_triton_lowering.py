@@ -1,0 +1,88 @@
+"""The projection kernels lower to sm_90 (Hopper) code on a machine without a GPU.
+
+The interpreter that runs the other Triton tests on CPU executes kernels as Python and never type-checks
+them. Triton's compiler does, and a kernel that is right under the interpreter can fail to compile: a
+name bound to a scalar in one branch of an `if` and to a tensor in the other did exactly that on the
+H100 (bench/results/2026-11-24-h100-proj-in.md). Lowering needs no GPU, only Triton's CUDA backend and
+its bundled ptxas. It runs in a subprocess without TRITON_INTERPRET, which makes `triton.jit` return
+interpreter objects rather than compilable ones. Small tiles: type errors surface in the frontend whatever
+the tile, and large ones cost CI a minute in LLVM and ptxas.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# kernel: (pointer arguments with their element types, int arguments, float arguments, constexprs)
+BF16, F32 = "*bf16", "*fp32"
+KERNELS = {
+    "ops.proj_in.kernels.gemm_in_kernel": (
+        {"x": BF16, "w": BF16, "out": BF16, "low": BF16}, ("M", "N", "D", "HK", "HV", "L"), (),
+        {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
+    "ops.proj_in.kernels.gk_fwd_kernel": (
+        {"low": BF16, "w_up": BF16, "b_up": F32, "gk": F32}, ("M", "HK", "L"), ("inv_norm",),
+        {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
+    "ops.proj_in.kernels.gk_bwd_kernel": (
+        {"low": BF16, "w_up": BF16, "b_up": F32, "dgk": F32, "dz": BF16, "dlow": F32, "dbp": F32},
+        ("M", "HK", "L"), ("inv_norm",), {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
+    "ops.proj_in.kernels.dgrad_kernel": (
+        {"dq": BF16, "dk": BF16, "dv": BF16, "dr": BF16, "dlow": BF16, "w": BF16, "dx": F32},
+        ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
+    "ops.proj_out.kernels.gate_fwd_kernel": (
+        {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16}),
+    "ops.proj_out.kernels.gemm_res_kernel": (
+        {"a": BF16, "w": BF16, "res": F32, "y": F32}, ("M", "N", "K"), (),
+        {"HAS_RES": True, "PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
+    "ops.proj_out.kernels.gate_bwd_kernel": (
+        {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
+        ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16, "LOOP": False}),
+}
+
+SCRIPT = r"""
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+kernels, arch = json.loads(sys.argv[1]), int(sys.argv[2])
+failed = []
+for path, (ptrs, ints, floats, consts) in kernels.items():
+    module, name = path.rsplit(".", 1)
+    fn = getattr(importlib.import_module(module), name)
+    while not isinstance(fn, JITFunction):                       # an Autotuner (or heuristics) wraps it
+        fn = fn.fn
+    sig = {**ptrs, **{n: "i32" for n in ints}, **{n: "fp32" for n in floats}}
+    sig.update({n: "constexpr" for n in consts})
+    assert set(sig) == set(fn.arg_names), (name, sorted(set(fn.arg_names) ^ set(sig)))
+    try:
+        triton.compile(ASTSource(fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", arch, 32))
+    except Exception as e:                                       # report every kernel, then fail
+        failed.append(f"{name}: {type(e).__name__}: {str(e)[-400:]}")
+print("\n".join(failed) or "ok")
+sys.exit(1 if failed else 0)
+"""
+
+
+def _has_cuda_backend() -> bool:
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    return "nvidia" in backends
+
+
+@pytest.mark.skipif(not _has_cuda_backend(), reason="Triton's CUDA backend (and its ptxas) is not installed")
+def test_projection_kernels_lower_for_hopper(arch=90):
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(KERNELS), str(arch)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
