@@ -1,7 +1,27 @@
 """Comparison helpers shared by the tests."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+
+def saved_bytes(fn: Callable[[], object]) -> int:
+    """Bytes of the distinct storages autograd saves for the backward while fn() runs, parameters not
+    counted (an op's own activation memory)."""
+    total, seen = 0, set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and not isinstance(t, torch.nn.Parameter):
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

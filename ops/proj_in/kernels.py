@@ -21,16 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
-    """(pid_m, pid_n): GROUP row tiles run together and share each column tile's W slice in L2."""
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    per_group = GROUP * num_n
-    first_m = (pid // per_group) * GROUP
-    size_m = tl.minimum(num_m - first_m, GROUP)
-    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+from ops.common.gemm import dot_rows, grouped_tile
 
 
 @triton.jit
@@ -43,21 +34,11 @@ def _slice_start(c, HK, HV):
 def gemm_in_kernel(x, w, out, low, M, N, D, HK, HV, L, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """[M, N] = x[M, D] W_cat[N, D]ᵀ, fp32 accumulation, each column stored in its slice (module docstring).
-    The main loop is proj_out's pipelined tl.dot loop; only the epilogue knows about slices."""
-    pid_m, pid_n = _grouped_tile(M, N, BM, BN, GROUP)
+    The main loop is ops/common/gemm.py's (shared with proj_out); only the epilogue knows about slices."""
+    pid_m, pid_n = grouped_tile(M, N, BM, BN, GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
-    ra, cb = rows % M, cols % N              # edge rows/cols wrap onto valid ones (never stored): K mask only
-    kk = tl.arange(0, BK)
-    a_ptr = x + ra[:, None] * D + kk[None, :]                                               # [BM, BK]
-    w_ptr = w + cb[None, :] * D + kk[:, None]                                               # [BK, BN] = W_catᵀ tile
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, D, BK):
-        mk = kk < D - k0
-        acc = tl.dot(tl.load(a_ptr, mask=mk[None, :], other=0.0), tl.load(w_ptr, mask=mk[:, None], other=0.0),
-                     acc, input_precision=PREC)
-        a_ptr += BK
-        w_ptr += BK
+    acc = dot_rows(tl.zeros([BM, BN], dtype=tl.float32), x, w, rows % M, cols % N, D, PREC, BK)
     C4 = 2 * HK + 2 * HV
     mrow = (rows < M)[:, None]
     c0 = pid_n * BN
@@ -154,7 +135,7 @@ def _segment(acc, a, KW, w, k_row, D, ra, cb, PREC: tl.constexpr, BK: tl.constex
 def dgrad_kernel(dq, dk, dv, dr, dlow, w, dx, M, D, HK, HV, L, PREC: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """dx[M, D] = Σ_s dA_s[M, w_s] W_cat[slice s, :] over the five slices, fp32 accumulation, stored in dx's dtype."""
-    pid_m, pid_n = _grouped_tile(M, D, BM, BN, GROUP)
+    pid_m, pid_n = grouped_tile(M, D, BM, BN, GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     ra, cb = rows % M, cols % D

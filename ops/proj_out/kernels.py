@@ -23,6 +23,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ops.common.gemm import dot_rows, grouped_tile
+
 
 @triton.jit
 def _head_rows(x, rows, vv, mask, V: tl.constexpr):
@@ -50,32 +52,11 @@ def gate_fwd_kernel(o, r, nw, g, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: 
 def gemm_res_kernel(a, w, res, y, M, N, K, HAS_RES: tl.constexpr, PREC: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """y[M, N] = a[M, K] W[N, K]ᵀ (+ res[M, N]), fp32 accumulation, stored in y's dtype.
-    A plain K loop of tl.dot on pointer-loaded tiles, so Triton's pipeliner streams both operands
-    through shared memory (num_stages deep); the residual is read once, in the epilogue."""
-    # grouped launch order: GROUP row tiles run together and share each column tile's W slice in L2
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    per_group = GROUP * num_n
-    first_m = (pid // per_group) * GROUP
-    size_m = tl.minimum(num_m - first_m, GROUP)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    The main loop is ops/common/gemm.py's; the residual is read once, in the epilogue."""
+    pid_m, pid_n = grouped_tile(M, N, BM, BN, GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
-    # rows/cols past the edge wrap onto valid ones (their results are never stored), so the main loop's
-    # loads need only the K mask, which is what keeps them pipelineable at full width
-    ra, cb = rows % M, cols % N
-    kk = tl.arange(0, BK)
-    a_ptr = a + ra[:, None] * K + kk[None, :]                                               # [BM, BK]
-    w_ptr = w + cb[None, :] * K + kk[:, None]                                               # [BK, BN] = W ᵀ tile
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        mk = kk < K - k0
-        at = tl.load(a_ptr, mask=mk[None, :], other=0.0)
-        wt = tl.load(w_ptr, mask=mk[:, None], other=0.0)
-        acc = tl.dot(at, wt, acc, input_precision=PREC)
-        a_ptr += BK
-        w_ptr += BK
+    acc = dot_rows(tl.zeros([BM, BN], dtype=tl.float32), a, w, rows % M, cols % N, K, PREC, BK)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     if HAS_RES:
         acc += tl.load(res + rows[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)

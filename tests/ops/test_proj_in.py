@@ -12,7 +12,7 @@ import torch
 
 from ops import BackendError, get_op, parse_fuse
 from ops.proj_in import fused, naive
-from tests.helpers import rel_err
+from tests.helpers import rel_err, saved_bytes
 
 OUTS = ["q", "k", "v", "gk", "r"]
 INS = ["x", "w_q", "w_k", "w_v", "w_r", "w_down", "w_up", "b_up"]
@@ -82,18 +82,8 @@ def test_normalizer_and_saturated_gate(normalizer, device):
 def test_saves_less_than_the_unfused_chain():
     """The fused op keeps one copy of x, low and W_cat; PyTorch's chain keeps what each linear and logsigmoid needs."""
     def saved(fn):
-        total, seen = 0, set()
-
-        def pack(t):
-            nonlocal total
-            if t.untyped_storage().data_ptr() not in seen and not isinstance(t, torch.nn.Parameter):
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.untyped_storage().nbytes()
-            return t
         inputs = make_inputs(*shape)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(*inputs, 2, 16.0)
-        return total
+        return saved_bytes(lambda: fn(*inputs, 2, 16.0))
 
     shape = B, T, d, H, K, V, L = (2, 32, 64, 2, 16, 16, 4)
     fused_bytes, naive_bytes = saved(fused.proj_in), saved(naive.proj_in)

@@ -10,7 +10,7 @@ import torch
 
 from ops import BackendError, get_op, parse_fuse
 from ops.proj_out import fused, naive
-from tests.helpers import rel_err
+from tests.helpers import rel_err, saved_bytes
 
 NAMES = ["o", "r", "norm_weight", "w_o", "residual"]
 
@@ -65,18 +65,8 @@ def test_eps_reaches_the_kernels(device):
 def test_saves_less_than_the_unfused_chain():
     """The fused op keeps o and r for its backward (and recomputes g from them); PyTorch's chain keeps more."""
     def saved(fn):
-        total, seen = 0, set()
-
-        def pack(t):
-            nonlocal total
-            if t.untyped_storage().data_ptr() not in seen and not isinstance(t, torch.nn.Parameter):
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.untyped_storage().nbytes()
-            return t
         inputs = make_inputs(2, 32, 2, 16, 32)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(*inputs)
-        return total
+        return saved_bytes(lambda: fn(*inputs))
 
     act = 2 * 32 * 2 * 16 * 4                         # one [B, T, H·V] fp32 tensor
     fused_bytes, naive_bytes = saved(fused.proj_out), saved(naive.proj_out)

@@ -1,0 +1,37 @@
+"""The GEMM main loop the projection kernels share (ops/proj_in, ops/proj_out; `_ref`: a @ w.T).
+
+A plain K loop of tl.dot on pointer-loaded tiles, so Triton's pipeliner streams both operands through shared
+memory (num_stages deep), in a grouped launch order. Each kernel keeps its own epilogue.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """(pid_m, pid_n) of this program: GROUP row tiles run together and share each column tile's W slice in L2."""
+    pid = tl.program_id(0)
+    num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    per_group = GROUP * num_n
+    first_m = (pid // per_group) * GROUP
+    size_m = tl.minimum(num_m - first_m, GROUP)
+    return first_m + (pid % per_group) % size_m, (pid % per_group) // size_m
+
+
+@triton.jit
+def dot_rows(acc, a, w, ra, cb, K, PREC: tl.constexpr, BK: tl.constexpr):
+    """acc[BM, BN] += a[ra, :K] · w[cb, :K]ᵀ for row-major a [M, K] and w [N, K]. ra, cb: the tile's rows
+    and columns, already wrapped onto valid ones at the edges (their results are never stored), so the
+    loads need only the K mask, which keeps them pipelineable at full width."""
+    kk = tl.arange(0, BK)
+    a_ptr = a + ra[:, None] * K + kk[None, :]                                               # [BM, BK]
+    w_ptr = w + cb[None, :] * K + kk[:, None]                                               # [BK, BN] = wᵀ tile
+    for k0 in range(0, K, BK):
+        mk = kk < K - k0
+        acc = tl.dot(tl.load(a_ptr, mask=mk[None, :], other=0.0), tl.load(w_ptr, mask=mk[:, None], other=0.0),
+                     acc, input_precision=PREC)
+        a_ptr += BK
+        w_ptr += BK
+    return acc
