@@ -47,3 +47,13 @@ def short_segments(monkeypatch):
 def device() -> str:
     """Where Triton kernels run: the GPU when present, else the CPU under TRITON_INTERPRET=1."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def exact_fp32_matmuls():
+    """fp32 matmuls without TF32 on the GPU for the test's duration: an oracle's F.linear in true fp32
+    (TF32 would be the reference's own error)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old

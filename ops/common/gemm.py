@@ -1,12 +1,30 @@
 """The GEMM main loop the projection kernels share (ops/proj_in, ops/proj_out; `_ref`: a @ w.T).
 
 A plain K loop of tl.dot on pointer-loaded tiles, so Triton's pipeliner streams both operands through shared
-memory (num_stages deep), in a grouped launch order. Each kernel keeps its own epilogue.
+memory (num_stages deep), in a grouped launch order. Each kernel keeps its own epilogue; `launch_gemm` starts
+any of them over an [M, N] output.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 import triton
 import triton.language as tl
+
+# Under TRITON_INTERPRET=1 (CPU tests): small fixed tiles, so test sizes give several programs, ragged edges
+# in rows, columns and K, and column tiles that straddle the projections' slice boundaries.
+INTERPRET_TILES = dict(BM=16, BN=16, BK=16, GROUP=2)
+
+
+def launch_gemm(tuned: Callable, kernel: Callable, M: int, N: int, args: tuple, on: torch.Tensor, **meta) -> None:
+    """One program per [BM, BN] tile of an [M, N] output: `tuned` (the autotuned kernel) on a GPU, `kernel`
+    with INTERPRET_TILES under the interpreter. on: a tensor whose device decides."""
+    if on.is_cuda:
+        tuned[lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)](*args, **meta)
+    else:
+        t = INTERPRET_TILES
+        kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)](*args, **meta, **t)
 
 
 @triton.jit

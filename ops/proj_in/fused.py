@@ -42,6 +42,7 @@ import torch
 import triton
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.gemm import launch_gemm
 from ops.common.tiles import dot_precision
 from ops.proj_in.kernels import dgrad_kernel, gemm_in_kernel, gk_bwd_kernel, gk_fwd_kernel
 
@@ -55,9 +56,7 @@ GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, 
 GK_FWD = dict(BR=64, BN=128, num_warps=4)
 GK_BWD = dict(BR=64, BN=128, num_warps=8)
 MAX_RANK = 64                                    # low [BR, L] and dlow stay in registers: L ≤ 64
-# Under TRITON_INTERPRET=1 (CPU tests): small tiles, so test sizes give several programs, ragged edges and
-# GEMM column tiles that straddle slice boundaries.
-INTERPRET_GEMM = dict(BM=16, BN=16, BK=16, GROUP=2)
+# Under TRITON_INTERPRET=1 (CPU tests): small gk tiles (the GEMMs' are ops.common.gemm.INTERPRET_TILES).
 INTERPRET_GK = dict(BR=16, BN=16)
 
 
@@ -94,13 +93,8 @@ def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, low: tor
     """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements) and low [M, L]."""
     M, D = xc.shape
     N, L = w_cat.shape[0], low.shape[1]
-    args = (xc, w_cat, out, low, M, N, D, HK, HV, L)
-    if xc.is_cuda:
-        grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)      # noqa: E731
-        _gemm_tuned[grid](*args, PREC=dot_precision(xc))
-    else:
-        t = INTERPRET_GEMM
-        gemm_in_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)](*args, PREC=dot_precision(xc), **t)
+    launch_gemm(_gemm_tuned, gemm_in_kernel, M, N, (xc, w_cat, out, low, M, N, D, HK, HV, L), xc,
+                PREC=dot_precision(xc))
 
 
 def dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_dtype: torch.dtype) -> torch.Tensor:
@@ -109,13 +103,8 @@ def dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_
     M, L = grads[4].shape
     D = w_cat.shape[1]
     dx = torch.empty(M, D, device=w_cat.device, dtype=out_dtype)
-    args = (*grads, w_cat, dx, M, D, HK, HV, L)
-    if w_cat.is_cuda:
-        grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(D, m["BN"]),)      # noqa: E731
-        _dgrad_tuned[grid](*args, PREC=dot_precision(w_cat))
-    else:
-        t = INTERPRET_GEMM
-        dgrad_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(D, t["BN"]),)](*args, PREC=dot_precision(w_cat), **t)
+    launch_gemm(_dgrad_tuned, dgrad_kernel, M, D, (*grads, w_cat, dx, M, D, HK, HV, L), w_cat,
+                PREC=dot_precision(w_cat))
     return dx
 
 

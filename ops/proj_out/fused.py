@@ -37,6 +37,7 @@ import torch
 import triton
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.gemm import launch_gemm
 from ops.common.tiles import dot_precision
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
 
@@ -51,8 +52,7 @@ GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, 
 # the backward keeps ~8 such operands live). They are bound by HBM, so no autotuning.
 TILE_ELEMS, TILE_WARPS, BWD_LOOP = 4096, 8, 4
 # Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that test sizes give several programs, ragged
-# edges in rows, columns and K, and (BWD_LOOP) partial row blocks inside a program.
-INTERPRET_GEMM = dict(BM=16, BN=16, BK=16, GROUP=2)
+# edges and (BWD_LOOP) partial row blocks inside a program (the GEMM's: ops.common.gemm.INTERPRET_TILES).
 INTERPRET_TILE_ELEMS, INTERPRET_BWD_LOOP = 64, 2
 
 
@@ -90,12 +90,7 @@ def gemm_res(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out_dty
     y = torch.empty(M, N, device=a.device, dtype=out_dtype)
     meta = dict(HAS_RES=res is not None, PREC=dot_precision(w))
     res = y if res is None else res                   # a dummy pointer without a residual (HAS_RES off)
-    if a.is_cuda:
-        grid = lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)      # noqa: E731
-        _gemm_tuned[grid](a, w, res, y, M, N, K, **meta)
-    else:
-        t = INTERPRET_GEMM
-        gemm_res_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)](a, w, res, y, M, N, K, **meta, **t)
+    launch_gemm(_gemm_tuned, gemm_res_kernel, M, N, (a, w, res, y, M, N, K), a, **meta)
     return y
 
 

@@ -14,6 +14,9 @@ from ops import BackendError, get_op, parse_fuse
 from ops.proj_in import fused, naive
 from tests.helpers import rel_err, saved_bytes
 
+# every test: the fp32 oracle without TF32 (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("exact_fp32_matmuls")
+
 OUTS = ["q", "k", "v", "gk", "r"]
 INS = ["x", "w_q", "w_k", "w_v", "w_r", "w_down", "w_up", "b_up"]
 
@@ -157,12 +160,3 @@ def test_fused_matches_naive_bf16_gpu(name):
     errs |= {f"d{n}": (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in INS}
     bad = {n: e for n, e in errs.items() if not e[0] <= 2 * e[1] + 1e-3}
     assert not bad, f"(fused, naive bf16) errors: {errs}"
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmuls():
-    """The naive oracle's F.linear in true fp32 on the GPU (TF32 would be the reference's own error)."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old

@@ -12,6 +12,9 @@ from ops import BackendError, get_op, parse_fuse
 from ops.proj_out import fused, naive
 from tests.helpers import rel_err, saved_bytes
 
+# every test: the fp32 oracle without TF32 (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("exact_fp32_matmuls")
+
 NAMES = ["o", "r", "norm_weight", "w_o", "residual"]
 
 
@@ -162,12 +165,3 @@ def test_fused_matches_naive_bf16_gpu(name):
     errs |= {n: (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in ref_g}
     bad = {n: e for n, e in errs.items() if not e[0] <= 2 * e[1] + 1e-3}
     assert not bad, f"(fused, naive bf16) errors: {errs}"
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmuls():
-    """The naive oracle's F.linear in true fp32 on the GPU (TF32 would be the reference's own error)."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
