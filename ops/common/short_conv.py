@@ -1,0 +1,199 @@
+"""The short causal depthwise convolution of Gated DeltaNet and Mamba-2 (model.common.ShortConv), fused:
+
+    pre[b, t, c] = bias[c] + Σ_{j<W} w[c, j] · x[b, t − (W−1) + j, c]      (x = 0 before t = 0)
+    y = silu(pre);  with head_dim: y ← y / max(‖y_head‖, eps) per group of head_dim channels (F.normalize)
+
+One forward kernel and one backward kernel, all math in fp32. x may be a column slice of a wider row-major
+tensor (the fused projection chain, issue [H], runs this on its GEMM's output): any row and batch stride,
+unit channel stride. A program covers BT time rows × NH whole heads of HDP lanes (HDP = head_dim padded to
+a power of two, the padded lanes masked; without head_dim one "head" of BC channels). The W−1 halo rows
+before the block come from the W shifted loads of x (masked at t < 0; the overlap is served by L1/L2).
+
+Backward saves only x (and the weights) and recomputes the pre-activation. dx[t] = Σ_j w[c, j] ·
+dpre[t + (W−1) − j] needs dpre on the W−1 rows after the block, so the kernel recomputes pre, the norm and
+dpre once per shift s = 0..W−1 (again from x, cache-resident); dweight and dbias are per-program partial
+sums over the block's own rows, written to [programs, C, W] / [programs, C] fp32 buffers and summed in
+PyTorch (no atomics: deterministic). L2-norm backward per head, n = y / max(‖y‖, eps):
+dy = (dn − n (n·dn)) / ‖y‖ where ‖y‖ > eps, else dn / eps.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py uses it
+MAX_WIDTH = 8
+# CUDA: ~8K fp32 elements per [BT, NH, HDP] tile over 8 warps, 32 per thread per operand (the backward
+# keeps ~6 live); the kernels are bound by HBM, so no autotuning (tiles untimed so far). Under
+# TRITON_INTERPRET=1 (CPU tests): BT = 8 and 16-channel blocks (or one head), so test sizes give several
+# programs and ragged edges in time and channels.
+CUDA_BT, CUDA_BC, CUDA_TILE, CUDA_WARPS = 64, 128, 8192, 8
+INTERPRET_BT, INTERPRET_BC = 8, 16
+
+
+@triton.jit
+def _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, W: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """pre[rows, cols] fp32 [BT, NH, HDP] for rows [BT, 1, 1] (int64) and cols [1, NH, HDP]; rows ≥ T and
+    masked channels give pre = 0 there (bias included only on valid channels)."""
+    acc = tl.zeros([rows.shape[0], cols.shape[1], cols.shape[2]], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias + cols, mask=cmask, other=0.0).to(tl.float32)
+    for j in tl.static_range(W):
+        src = rows - (W - 1) + j
+        m = (src >= 0) & (src < T) & cmask
+        xv = tl.load(xb + src * sxt + cols, mask=m, other=0.0).to(tl.float32)
+        acc += tl.load(w + cols * W + j, mask=cmask, other=0.0).to(tl.float32) * xv
+    return acc
+
+
+@triton.jit
+def short_conv_fwd_kernel(x, w, bias, y, T, C, sxb, sxt, eps, W: tl.constexpr, HD: tl.constexpr,
+                          HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          NORM: tl.constexpr):
+    """One program per (BT rows, NH heads of HD channels, batch): y[b, rows, cols] in y's dtype."""
+    pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None, None]
+    lane = tl.arange(0, HDP)[None, None, :]
+    cols = pid_c * (NH * HD) + tl.arange(0, NH)[None, :, None] * HD + lane
+    cmask = (lane < HD) & (cols < C)
+    pre = _pre(x, w, bias, x + b * sxb, rows, cols, cmask, T, sxt, W, HAS_BIAS)
+    out = pre * tl.sigmoid(pre)
+    if NORM:
+        nrm = tl.sqrt(tl.sum(out * out, axis=2))[:, :, None]
+        out = out / tl.maximum(nrm, eps)
+    tl.store(y + (b * T + rows) * C + cols, out.to(y.dtype.element_ty), mask=(rows < T) & cmask)
+
+
+@triton.jit
+def _dpre(x, w, bias, dy, xb, yb, rows, cols, cmask, T, C, sxt, eps, W: tl.constexpr, HAS_BIAS: tl.constexpr,
+          NORM: tl.constexpr):
+    """∂loss/∂pre at rows [BT, 1, 1] ≥ 0, recomputed from x; 0 at rows ≥ T and masked channels."""
+    pre = _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, W, HAS_BIAS)
+    sg = tl.sigmoid(pre)
+    g = tl.load(yb + rows * C + cols, mask=(rows < T) & cmask, other=0.0).to(tl.float32)
+    if NORM:
+        out = pre * sg
+        nrm = tl.sqrt(tl.sum(out * out, axis=2))[:, :, None]
+        den = tl.maximum(nrm, eps)
+        n = out / den
+        proj = tl.sum(n * g, axis=2)[:, :, None]
+        g = (g - n * tl.where(nrm > eps, proj, 0.0)) / den
+    return g * sg * (1.0 + pre * (1.0 - sg))
+
+
+@triton.jit
+def short_conv_bwd_kernel(x, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps, W: tl.constexpr, HD: tl.constexpr,
+                          HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          NORM: tl.constexpr):
+    """One program per (BT rows, NH heads, batch): dx[b, rows, cols] in dx's dtype, and this program's
+    partial sums dw[p, cols, :W], db[p, cols] (fp32) over its own rows, p = b·cdiv(T, BT) + pid_t."""
+    pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None, None]
+    lane2 = tl.arange(0, HDP)[None, :]
+    cols2 = pid_c * (NH * HD) + tl.arange(0, NH)[:, None] * HD + lane2                   # [NH, HDP]
+    cmask2 = (lane2 < HD) & (cols2 < C)
+    cols, cmask = cols2[None, :, :], cmask2[None, :, :]
+    xb, yb = x + b * sxb, dy + b * T * C
+    p = b * tl.num_programs(0) + pid_t
+    acc = tl.zeros([BT, NH, HDP], dtype=tl.float32)
+    for s in tl.static_range(W):                      # dpre at rows + s feeds dx[rows] through w[:, W−1−s]
+        dp = _dpre(x, w, bias, dy, xb, yb, rows + s, cols, cmask, T, C, sxt, eps, W, HAS_BIAS, NORM)
+        acc += tl.load(w + cols * W + (W - 1 - s), mask=cmask, other=0.0).to(tl.float32) * dp
+        if s == 0:                                    # the block's own rows: this program's dw, db terms
+            if HAS_BIAS:
+                tl.store(db + p * C + cols2, tl.sum(dp, axis=0), mask=cmask2)
+            for j in tl.static_range(W):
+                src = rows - (W - 1) + j
+                xv = tl.load(xb + src * sxt + cols, mask=(src >= 0) & (src < T) & cmask, other=0.0)
+                tl.store(dw + (p * C + cols2) * W + j, tl.sum(dp * xv.to(tl.float32), axis=0), mask=cmask2)
+    tl.store(dx + (b * T + rows) * C + cols, acc.to(dx.dtype.element_ty), mask=(rows < T) & cmask)
+
+
+def _tiles(C: int, head_dim: int | None, cuda: bool) -> tuple[dict, int]:
+    """The kernels' tile constexprs (HD, HDP, NH, BT) and the number of channel blocks."""
+    hd = head_dim if head_dim is not None else (CUDA_BC if cuda else INTERPRET_BC)
+    hdp = triton.next_power_of_2(hd)
+    if cuda:
+        nh = max(1, CUDA_BC // hdp) if head_dim is not None else 1
+        bt = max(1, min(CUDA_BT, CUDA_TILE // (nh * hdp)))
+    else:
+        nh, bt = max(1, INTERPRET_BC // hdp) if head_dim is not None else 1, INTERPRET_BT
+    return dict(HD=hd, HDP=hdp, NH=nh, BT=bt), triton.cdiv(C, nh * hd)
+
+
+class ShortConvFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, head_dim, out_dtype):
+        """x [B, T, C] with unit channel stride; weight [C, W] contiguous; bias [C] or None."""
+        B, T, C = x.shape
+        tiles, nc = _tiles(C, head_dim, x.is_cuda)
+        y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
+        warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
+        grid = (triton.cdiv(T, tiles["BT"]), nc, B)
+        short_conv_fwd_kernel[grid](x, weight, weight if bias is None else bias, y, T, C, x.stride(0), x.stride(1),
+                                    EPS, W=weight.shape[1], HAS_BIAS=bias is not None, NORM=head_dim is not None,
+                                    **tiles, **warps)
+        ctx.save_for_backward(x, weight, bias)
+        ctx.head_dim = head_dim
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
+    def backward(ctx, dy):
+        x, weight, bias = ctx.saved_tensors
+        B, T, C = x.shape
+        W = weight.shape[1]
+        tiles, nc = _tiles(C, ctx.head_dim, x.is_cuda)
+        nt = triton.cdiv(T, tiles["BT"])
+        dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
+        dw = torch.empty(B * nt, C, W, device=x.device, dtype=torch.float32)       # every program writes its row
+        db = torch.empty(B * nt, C, device=x.device, dtype=torch.float32) if bias is not None else dw
+        warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
+        short_conv_bwd_kernel[(nt, nc, B)](x, weight, weight if bias is None else bias, dy.contiguous(), dx, dw, db,
+                                           T, C, x.stride(0), x.stride(1), EPS, W=W, HAS_BIAS=bias is not None,
+                                           NORM=ctx.head_dim is not None, **tiles, **warps)
+        dbias = db.sum(0).to(bias.dtype) if bias is not None else None
+        return dx, dw.sum(0).to(weight.dtype), dbias, None, None
+
+
+def short_conv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   head_dim: int | None = None) -> torch.Tensor:
+    """The PyTorch oracle, model.common.ShortConv's computation (+ F.normalize per head): [B, T, C] → [B, T, C]."""
+    B, T, C = x.shape
+    y = F.silu(F.conv1d(x.transpose(1, 2), weight.reshape(C, 1, -1), bias, padding=weight.shape[-1] - 1,
+                        groups=C)[..., :T].transpose(1, 2))
+    if head_dim is not None:
+        y = F.normalize(y.reshape(B, T, C // head_dim, head_dim), dim=-1, eps=EPS).reshape(B, T, C)
+    return y
+
+
+def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               head_dim: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x: [B, T, C], may be a column slice of a wider row-major tensor (x.stride(-1) == 1, any row stride
+    x.stride(1); batch stride x.stride(0)); weight: [C, W] (nn.Conv1d's [C, 1, W] squeezed; [C, 1, W] is
+    accepted too), any W ≤ 8; bias [C] or None. Returns silu(causal_conv(x)) as a contiguous [B, T, C]
+    tensor in out_dtype (default x.dtype); with head_dim (any divisor of C; padded to a power of two inside
+    the kernels), each group of head_dim channels is then L2-normalised like F.normalize(eps=1e-6):
+    y / max(‖y‖, eps). All math in fp32. Gradients: dx [B, T, C] in x's dtype, dweight, dbias in theirs."""
+    if x.dim() != 3 or x.stride(-1) != 1:
+        raise ValueError(f"short_conv: x must be [B, T, C] with unit channel stride, got shape {tuple(x.shape)} "
+                         f"strides {x.stride()}")
+    B, T, C = x.shape
+    if weight.dim() == 3 and weight.shape[1] == 1:
+        weight = weight.squeeze(1)
+    if weight.dim() != 2 or weight.shape[0] != C or not 1 <= weight.shape[1] <= MAX_WIDTH:
+        raise ValueError(f"short_conv: weight must be [C={C}, W] with 1 ≤ W ≤ {MAX_WIDTH}, got {tuple(weight.shape)}")
+    if bias is not None and bias.shape != (C,):
+        raise ValueError(f"short_conv: bias must be [C={C}], got {tuple(bias.shape)}")
+    if head_dim is not None and (head_dim < 1 or C % head_dim):
+        raise ValueError(f"short_conv: head_dim {head_dim} must divide the channel count {C}")
+    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("short_conv: the Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 on CPU)")
+    if B == 0 or T == 0 or C == 0:
+        raise ValueError(f"short_conv: empty input {tuple(x.shape)}")
+    return ShortConvFn.apply(x, weight.contiguous(), None if bias is None else bias.contiguous(), head_dim,
+                             out_dtype or x.dtype)
