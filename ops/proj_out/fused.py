@@ -1,9 +1,11 @@
-"""The output side of the projection chain on the `fused` backend (issue [H], component `proj`):
+"""The output side of the projection chain on the `fused` backend (issue [H], component `proj`), in
+either of naive.py's two orderings of the norm and the gate:
 
-    y = residual + (RMSNorm_head(o) · w ⊙ silu(r)) W_oᵀ
+    y = residual + (RMSNorm_head(o) · w ⊙ silu(r)) W_oᵀ          GLA, Gated DeltaNet (gate_first=False)
+    y = residual + (RMSNorm_head(o ⊙ silu(r)) · w) W_oᵀ          Mamba-2 (gate_first=True; one head, V = d_inner)
 
-Forward, two kernels (ops/proj_out/kernels.py): one elementwise pass forms the gated input
-g = RMSNorm(o)·w ⊙ silu(r) once per row (a bf16 [M, H·V] buffer), then a pipelined Triton GEMM
+Forward, two kernels (ops/proj_out/kernels.py): one elementwise pass forms the gated input g (either
+ordering; a constexpr switch of the same kernel) once per row (a bf16 [M, H·V] buffer), then a pipelined Triton GEMM
 computes g W_oᵀ with the residual add in its epilogue, so y is written once, in the residual's dtype.
 Backward: dg = dy W_o (cuBLAS), one elementwise kernel that recomputes the norm statistics and the
 gate from o and r and writes g, do, dr and per-program partial sums of the norm weight's gradient,
@@ -49,8 +51,16 @@ GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, 
                 for bm, bn, nw, st in ((128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4),
                                        (64, 256, 4, 4), (128, 64, 4, 4))]
 # The elementwise kernels: a [BR, BV] tile of 4096 elements over 8 warps (16 per thread per operand;
-# the backward keeps ~8 such operands live). They are bound by HBM, so no autotuning.
-TILE_ELEMS, TILE_WARPS, BWD_LOOP = 4096, 8, 4
+# the backward keeps ~8 such operands live). They are bound by HBM, so no autotuning. A tile holds
+# BR = 4096 / BV head-rows whatever V is, so the registers per thread do not grow with V up to BV = 4096
+# (sm_90 ptxas: the backward takes 255 registers and a 32-byte spill at V = 128, 220 and no spill at
+# Mamba-2's one head of V = 2048, whose two rows a tile sum across warps through shared memory; past
+# 4096 one row outgrows the tile: V = 8192 spills 0.4-0.75 KB a thread). A backward program takes BWD_LOOP tiles and at least
+# BWD_MIN_ROWS head-rows: each program writes a V-wide fp32 row of partial norm-weight gradients that
+# .sum(0) reads again, which at V = 2048 (BR = 2) and 4 tiles a program is 17 MB written and read for
+# B8 T2048, 8% over the kernel's own 403 MB; 32 rows a program make it 2%, with 512 programs (~4 per
+# SM) still filling the H100. At V ≤ 256 (GLA) BWD_LOOP already gives ≥ 64 rows: unchanged there.
+TILE_ELEMS, TILE_WARPS, BWD_LOOP, BWD_MIN_ROWS = 4096, 8, 4, 32
 # Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that test sizes give several programs, ragged
 # edges and (BWD_LOOP) partial row blocks inside a program (the GEMM's: ops.common.gemm.INTERPRET_TILES).
 INTERPRET_TILE_ELEMS, INTERPRET_BWD_LOOP = 64, 2
@@ -73,13 +83,15 @@ def _rows_per_tile(V: int, cuda: bool) -> tuple[int, int]:
     return bv, max(1, (TILE_ELEMS if cuda else INTERPRET_TILE_ELEMS) // bv)
 
 
-def gate_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int) -> torch.Tensor:
-    """o, r: [M, H·V] contiguous; nw: [V] fp32 → g = RMSNorm_head(o)·nw ⊙ silu(r), [M, H·V] in o's dtype."""
+def gate_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int,
+             gate_first: bool = False) -> torch.Tensor:
+    """o, r: [M, H·V] contiguous; nw: [V] fp32 → g = RMSNorm_head(o)·nw ⊙ silu(r) (gate_first:
+    RMSNorm_head(o ⊙ silu(r))·nw), [M, H·V] in o's dtype."""
     g = torch.empty_like(o)
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
-    gate_fwd_kernel[(triton.cdiv(R, br),)](o, r, nw, g, R, eps, V=V, BV=bv, BR=br, **warps)
+    gate_fwd_kernel[(triton.cdiv(R, br),)](o, r, nw, g, R, eps, V=V, BV=bv, BR=br, GATE_FIRST=gate_first, **warps)
     return g
 
 
@@ -94,28 +106,29 @@ def gemm_res(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out_dty
     return y
 
 
-def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float,
-             V: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int,
+             gate_first: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dg, o, r: [M, H·V]; nw: [V] fp32 → g, do, dr ([M, H·V], o's dtype) and the norm weight's gradient [V] fp32."""
     g, do, dr = (torch.empty_like(o) for _ in range(3))
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
-    loop = BWD_LOOP if o.is_cuda else INTERPRET_BWD_LOOP
+    loop = max(BWD_LOOP, BWD_MIN_ROWS // br) if o.is_cuda else INTERPRET_BWD_LOOP
     programs = triton.cdiv(R, br * loop)
     dnw = torch.empty(programs, V, device=o.device, dtype=torch.float32)      # every program writes its row
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
-    gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, eps, V=V, BV=bv, BR=br, LOOP=loop, **warps)
+    gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, eps, V=V, BV=bv, BR=br, LOOP=loop,
+                                 GATE_FIRST=gate_first, **warps)
     return g, do, dr, dnw.sum(0)
 
 
 class FusedProjOut(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, o, r, nw, w, res, eps, V):
+    def forward(ctx, o, r, nw, w, res, eps, V, gate_first):
         """o, r: [M, H·V] contiguous in the compute dtype; nw [V]; w [N, H·V]; res [M, N] or None."""
         out_dtype = res.dtype if res is not None else w.dtype
-        y = gemm_res(gate_fwd(o, r, nw.float(), eps, V), w, res, out_dtype)
+        y = gemm_res(gate_fwd(o, r, nw.float(), eps, V, gate_first), w, res, out_dtype)
         ctx.save_for_backward(o, r, nw, w)
-        ctx.eps, ctx.V, ctx.has_res = eps, V, res is not None
+        ctx.eps, ctx.V, ctx.has_res, ctx.gate_first = eps, V, res is not None, gate_first
         return y
 
     @staticmethod
@@ -124,14 +137,14 @@ class FusedProjOut(torch.autograd.Function):
         o, r, nw, w = ctx.saved_tensors
         dyc = dy.to(w.dtype).contiguous()             # the GEMMs' operand dtype: the one cast of fp32 dy (autocast)
         dg = dyc @ w                                  # dg = dy W_o: [M, H·V], cuBLAS
-        g, do, dr, dnw = gate_bwd(dg, o, r, nw.float(), ctx.eps, ctx.V)
+        g, do, dr, dnw = gate_bwd(dg, o, r, nw.float(), ctx.eps, ctx.V, ctx.gate_first)
         del dg                                        # freed before dW_o's GEMM allocates its output
         dw = dyc.t() @ g                              # dW_o = dyᵀ g: [N, H·V], cuBLAS
-        return do, dr, dnw.to(nw.dtype), dw, (dy if ctx.has_res else None), None, None
+        return do, dr, dnw.to(nw.dtype), dw, (dy if ctx.has_res else None), None, None, None
 
 
 def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor,
-           w_o: torch.Tensor, residual: torch.Tensor | None, eps: float) -> torch.Tensor:
+           w_o: torch.Tensor, residual: torch.Tensor | None, eps: float, gate_first: bool = False) -> torch.Tensor:
     """Checks and casts proj_out's arguments and applies `fn` (FusedProjOut, or a benchmark's variant of
     it with the same forward arguments) to the flattened [B·T, …] operands."""
     from ops import BackendError
@@ -149,16 +162,16 @@ def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, 
     o2 = o.to(dtype).reshape(B * T, H * V).contiguous()
     r2 = r.to(dtype).reshape(B * T, H * V).contiguous()
     res = None if residual is None else residual.reshape(B * T, N).contiguous()
-    y = fn.apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, V)
+    y = fn.apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, V, gate_first)
     return y.view(B, T, N)
 
 
 def proj_out(o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor, w_o: torch.Tensor,
-             residual: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """Shapes as ops.proj_out.naive.proj_out: o [B, T, H, V], r [B, T, H·V], norm_weight [V],
-    w_o [d, H·V], residual [B, T, d] or None → [B, T, d]. Any V (a head is padded to a power of two
-    inside the elementwise kernels)."""
-    return launch(FusedProjOut, o, r, norm_weight, w_o, residual, eps)
+             residual: torch.Tensor | None = None, eps: float = 1e-6, *, gate_first: bool = False) -> torch.Tensor:
+    """Shapes and orderings as ops.proj_out.naive.proj_out: o [B, T, H, V], r [B, T, H·V], norm_weight [V],
+    w_o [d, H·V], residual [B, T, d] or None → [B, T, d]; gate_first: the norm after the gate (Mamba-2).
+    Any V (a head is padded to a power of two inside the elementwise kernels; sized for V ≤ 4096)."""
+    return launch(FusedProjOut, o, r, norm_weight, w_o, residual, eps, gate_first)
 
 
 def build(fuse: frozenset[str]) -> Callable:

@@ -4,11 +4,14 @@ Rows m = (b, t) flattened, M = B·T; K = H·V; N = d. Every tensor is row-major.
 is also a row-major [M·H, V] matrix whose rows are single heads, so the per-head RMSNorm is a plain
 row norm over R = M·H rows of V channels: the two elementwise kernels read fully contiguous tiles.
 
-    gate_fwd_kernel   g = ô·w ⊙ silu(r),  ô = o · rsqrt(mean_V(o²) + eps)          [R, V] → bf16 g, once
+    gate_fwd_kernel   g = ô·w ⊙ s,  ô = o · rsqrt(mean_V(o²) + eps)               [R, V] → bf16 g, once
+                      GATE_FIRST (Mamba-2): g = û·w,  û = u · rsqrt(mean_V(u²) + eps),  u = o ⊙ s
     gemm_res_kernel   y = g W_oᵀ + residual                                      [M, K] × [N, K]ᵀ → [M, N]
     gate_bwd_kernel   from dg = dy W_o (cuBLAS), o, r:  g again (for dW_o = dyᵀ g), and
                       dr = dg ⊙ n ⊙ silu'(r);  dô = dg ⊙ s ⊙ w;  do = rstd (dô − ô · mean_V(dô ⊙ ô));
                       per-program partial sums of dw = Σ_rows dg ⊙ s ⊙ ô          (n = ô·w, s = silu(r))
+                      GATE_FIRST: dû = dg ⊙ w;  du = rstd (dû − û · mean_V(dû ⊙ û));  do = du ⊙ s;
+                      dr = du ⊙ o ⊙ silu'(r);  dw = Σ_rows dg ⊙ û
 
 Why three kernels and not one GEMM with the gate in its prologue (the first version): that GEMM formed
 its A tile in registers for every BN-wide output tile, recomputing the norm and the gate d/BN times
@@ -34,8 +37,10 @@ def _head_rows(x, rows, vv, mask, V: tl.constexpr):
 
 
 @triton.jit
-def gate_fwd_kernel(o, r, nw, g, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr):
-    """One program per BR head-rows: g[R, V] = RMSNorm(o)·w ⊙ silu(r) in g's dtype (fp32 math)."""
+def gate_fwd_kernel(o, r, nw, g, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+                    GATE_FIRST: tl.constexpr):
+    """One program per BR head-rows: g[R, V] = RMSNorm(o)·w ⊙ silu(r), or RMSNorm(o ⊙ silu(r))·w when
+    GATE_FIRST, in g's dtype (fp32 math)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     vv = tl.arange(0, BV)
     mv = vv < V
@@ -43,8 +48,15 @@ def gate_fwd_kernel(o, r, nw, g, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: 
     ob = _head_rows(o, rows, vv, mask, V)
     rb = _head_rows(r, rows, vv, mask, V)
     wn = tl.load(nw + vv, mask=mv, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(ob * ob, axis=1) / V + eps)                                    # [BR]
-    gt = ob * rstd[:, None] * wn[None, :] * (rb * tl.sigmoid(rb))
+    s = rb * tl.sigmoid(rb)                                                               # silu(r)
+    if GATE_FIRST:
+        x = ob * s                                                                        # the norm's input
+    else:
+        x = ob
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / V + eps)                                      # [BR]
+    gt = x * rstd[:, None] * wn[None, :]
+    if not GATE_FIRST:
+        gt = gt * s
     tl.store(g + rows[:, None] * V + vv[None, :], gt.to(g.dtype.element_ty), mask=mask)
 
 
@@ -65,9 +77,10 @@ def gemm_res_kernel(a, w, res, y, M, N, K, HAS_RES: tl.constexpr, PREC: tl.const
 
 @triton.jit
 def gate_bwd_kernel(dg, o, r, nw, g, do, dr, dnw, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
-                    LOOP: tl.constexpr):
+                    LOOP: tl.constexpr, GATE_FIRST: tl.constexpr):
     """One program per LOOP·BR head-rows: recomputes the norm statistics and the gate from o and r,
-    writes g (for dW_o), dr, do, and its partial sum of the norm weight's gradient, dnw[pid, :V]."""
+    writes g (for dW_o), dr, do, and its partial sum of the norm weight's gradient, dnw[pid, :V].
+    x is the norm's input (o, or u = o ⊙ s when GATE_FIRST) and x̂ = x · rstd."""
     pid = tl.program_id(0)
     vv = tl.arange(0, BV)
     mv = vv < V
@@ -80,16 +93,29 @@ def gate_bwd_kernel(dg, o, r, nw, g, do, dr, dnw, R, eps, V: tl.constexpr, BV: t
         ob = _head_rows(o, rows, vv, mask, V)
         rb = _head_rows(r, rows, vv, mask, V)
         dgb = _head_rows(dg, rows, vv, mask, V)
-        rstd = tl.rsqrt(tl.sum(ob * ob, axis=1) / V + eps)
-        oh = ob * rstd[:, None]                                                              # ô
         sg = tl.sigmoid(rb)
         s = rb * sg                                                                          # silu(r)
-        n = oh * wn[None, :]
-        tl.store(g + at, (n * s).to(g.dtype.element_ty), mask=mask)
-        tl.store(dr + at, (dgb * n * sg * (1.0 + rb * (1.0 - sg))).to(dr.dtype.element_ty), mask=mask)
-        dn = dgb * s                                                                         # d(ô·w)
-        doh = dn * wn[None, :]                                                               # dô
-        c = tl.sum(doh * oh, axis=1) / V           # masked channels: ô = 0 there, so they add nothing
-        tl.store(do + at, (rstd[:, None] * (doh - oh * c[:, None])).to(do.dtype.element_ty), mask=mask)
-        dw += tl.sum(dn * oh, axis=0)                                                        # masked rows add 0
+        if GATE_FIRST:
+            x = ob * s
+        else:
+            x = ob
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / V + eps)
+        xh = x * rstd[:, None]                                                               # x̂
+        n = xh * wn[None, :]
+        if GATE_FIRST:                                  # g = n: the norm's output is the gate's result
+            dn = dgb                                                                         # d(x̂·w)
+            tl.store(g + at, n.to(g.dtype.element_ty), mask=mask)
+        else:                                           # g = n ⊙ s
+            dn = dgb * s
+            tl.store(g + at, (n * s).to(g.dtype.element_ty), mask=mask)
+            tl.store(dr + at, (dgb * n * sg * (1.0 + rb * (1.0 - sg))).to(dr.dtype.element_ty), mask=mask)
+        dxh = dn * wn[None, :]                                                               # dx̂
+        c = tl.sum(dxh * xh, axis=1) / V           # masked channels: x̂ = 0 there, so they add nothing
+        dx = rstd[:, None] * (dxh - xh * c[:, None])
+        if GATE_FIRST:                                  # x = o ⊙ s
+            tl.store(do + at, (dx * s).to(do.dtype.element_ty), mask=mask)
+            tl.store(dr + at, (dx * ob * sg * (1.0 + rb * (1.0 - sg))).to(dr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(do + at, dx.to(do.dtype.element_ty), mask=mask)
+        dw += tl.sum(dn * xh, axis=0)                                                        # masked rows add 0
     tl.store(dnw + pid * V + vv, dw, mask=mv)

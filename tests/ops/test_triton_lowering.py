@@ -35,13 +35,21 @@ KERNELS = {
         {"dq": BF16, "dk": BF16, "dv": BF16, "dr": BF16, "dlow": BF16, "w": BF16, "dx": F32},
         ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
     "ops.proj_out.kernels.gate_fwd_kernel": (
-        {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16}),
+        {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R",), ("eps",),
+        {"V": 32, "BV": 32, "BR": 16, "GATE_FIRST": True}),
     "ops.proj_out.kernels.gemm_res_kernel": (
         {"a": BF16, "w": BF16, "res": F32, "y": F32}, ("M", "N", "K"), (),
         {"HAS_RES": True, "PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
     "ops.proj_out.kernels.gate_bwd_kernel": (
         {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
-        ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16, "LOOP": False}),
+        ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
+    "ops.common.short_conv.short_conv_fwd_kernel": (
+        {"x": BF16, "w": F32, "bias": F32, "y": BF16}, ("T", "C", "sxb", "sxt"), ("eps",),
+        {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True}),
+    "ops.common.short_conv.short_conv_bwd_kernel": (
+        {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dx": BF16, "dw": F32, "db": F32},
+        ("T", "C", "sxb", "sxt"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
+                                              "NORM": True}),
 }
 
 SCRIPT = r"""
