@@ -8,10 +8,12 @@ kernel and backward, the GEMM by cuBLAS torch.mm followed by the residual add); 
 with an fp32 out_dtype, the residual as its C operand; only where this torch has aten::addmm.dtype for CUDA).
 
 Input side (ops/proj_in; five F.linear, each casting fp32 x to bf16, and logsigmoid(up(down(x)))/16):
-`unfused`; `fused` (x cast once, the wide Triton GEMM writing q, k, v, r, low into their slices, the gk
-kernel; backward: gk kernel, one Triton dgrad GEMM over the five gradients, cuBLAS wgrads); `fused-mm`
-(the forward GEMM as five cuBLAS mm's into the same slices); `cublas` (also dx by cuBLAS: mm then four
-addmm's with an fp32 out_dtype); `cublas-cat` (dx as torch.cat of the five gradients, one mm, a cast).
+`unfused`; `fused` (the library's: x cast once, five cuBLAS mm's writing q, k, v, r, low into their slices,
+the gk kernel; backward: gk kernel, dx by the Triton dgrad GEMM over the five gradients, cuBLAS wgrads);
+`triton` (fused.TritonProjIn: the forward by the wide Triton GEMM too); `cublas-cat` (fused.CatProjIn: dx by
+one cuBLAS mm over the concatenated gradients). Beside them, unchecked, `GEMMs alone`: the chain's six cuBLAS GEMMs
+forward (and their dgrads and wgrads backward) on x and weights already in bf16, with nothing else: what
+any fusion that keeps cuBLAS's GEMMs can at best reach, so unfused ÷ it bounds the attainable speed-up.
 
     python scripts/bench_proj.py --out bench/results/proj                 # both sides at the seed's shape
     python scripts/bench_proj.py --out /tmp/p --side out --shape 8,2048,4,256,1024      # GLA-340M's output side
@@ -82,22 +84,22 @@ def hbm_bytes(B: int, T: int, H: int, V: int, d: int, act: int = 2, res: int = 4
 class _MmProjOut(fused.FusedProjOut):
     """fused's gate kernel and backward; the forward GEMM by cuBLAS torch.mm, then the residual add."""
     @staticmethod
-    def forward(ctx, o, r, nw, w, res, eps, V):
-        y = fused.gate_fwd(o, r, nw.float(), eps, V) @ w.t()
+    def forward(ctx, o, r, nw, w, res, eps, V, gate_first):
+        y = fused.gate_fwd(o, r, nw.float(), eps, V, gate_first) @ w.t()
         ctx.save_for_backward(o, r, nw, w)
-        ctx.eps, ctx.V, ctx.has_res = eps, V, res is not None
+        ctx.eps, ctx.V, ctx.has_res, ctx.gate_first = eps, V, res is not None, gate_first
         return y if res is None else res + y
 
 
 class _AddmmProjOut(fused.FusedProjOut):
     """As _MmProjOut, but one cuBLAS addmm: C = the residual, fp32 out_dtype (aten::addmm.dtype)."""
     @staticmethod
-    def forward(ctx, o, r, nw, w, res, eps, V):
-        g = fused.gate_fwd(o, r, nw.float(), eps, V)
+    def forward(ctx, o, r, nw, w, res, eps, V, gate_first):
+        g = fused.gate_fwd(o, r, nw.float(), eps, V, gate_first)
         with torch.autocast(g.device.type, enabled=False):     # autocast would cast the fp32 residual to bf16
             y = g @ w.t() if res is None else torch.addmm(res, g, w.t(), out_dtype=res.dtype)
         ctx.save_for_backward(o, r, nw, w)
-        ctx.eps, ctx.V, ctx.has_res = eps, V, res is not None
+        ctx.eps, ctx.V, ctx.has_res, ctx.gate_first = eps, V, res is not None, gate_first
         return y
 
 
@@ -125,7 +127,7 @@ def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict
     unfused_fwd = {"cast x ×5": 5 * (X + Xc), "cast weights": 3 * W, "linear q, k, v, r": 4 * Xc + W - Wd + Q,
                    "linear down": Xc + Lo, "linear up + b": Lo + A, ".float()": A + G, "logsigmoid": 2 * G,
                    "/ normalizer": 2 * G}
-    fused_fwd = {**wcat, "wide GEMM (q, k, v, r, low)": Xc + W + Q + Lo, **gk_fwd}
+    triton_fwd = {**wcat, "wide GEMM (q, k, v, r, low)": Xc + W + Q + Lo, **gk_fwd}
     mm_fwd = {**wcat, "5 mm's into the slices": 5 * Xc + W + Q + Lo, **gk_fwd}
     unfused_bwd = {"/ normalizer bwd": 2 * G, "logsigmoid bwd": 3 * G, ".float() bwd": G + A,
                    "linear up bwd (dlow, dW_up, db)": 3 * A + 2 * Lo, "linear down bwd": 2 * Lo + 2 * Xc,
@@ -133,55 +135,25 @@ def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict
                    "dW → fp32": 3 * W, "dx_s bf16 → fp32 ×5": 5 * (Xc + X), "sum of x's 5 grads": 4 * 3 * X}
     shared_bwd = {"gk backward kernel": G + 2 * Lo + A + dbp, "dW_up = dzᵀ low": A + Lo,
                   "wgrads ×5": Q + Lo + 5 * Xc + W, "dW → fp32": 3 * W}
-    fused_bwd = {"Triton dgrad (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
-    cublas_bwd = {"dx: mm + 4 addmm, fp32 C": Q + Lo + W + X + 4 * 2 * X, **shared_bwd}
+    tdgrad_bwd = {"Triton dgrad (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
     cat_bwd = {"torch.cat of the grads": 2 * (Q + Lo), "mm (bf16 dx)": Q + Lo + W + Xc, "dx → fp32": Xc + X,
                **shared_bwd}
     return {name: {"parts": parts, "total": sum(parts.values())}
-            for name, parts in (("unfused fwd", unfused_fwd), ("fused fwd", fused_fwd), ("fused-mm fwd", mm_fwd),
-                                ("cublas fwd", mm_fwd), ("cublas-cat fwd", mm_fwd), ("unfused bwd", unfused_bwd),
-                                ("fused bwd", fused_bwd), ("fused-mm bwd", fused_bwd), ("cublas bwd", cublas_bwd),
-                                ("cublas-cat bwd", cat_bwd))}
+            for name, parts in (("unfused fwd", unfused_fwd), ("fused fwd", mm_fwd), ("triton fwd", triton_fwd),
+                                ("cublas-cat fwd", mm_fwd), ("unfused bwd", unfused_bwd), ("fused bwd", tdgrad_bwd),
+                                ("triton bwd", tdgrad_bwd), ("cublas-cat bwd", cat_bwd))}
 
 
-def _mm_gemm(xc, w_cat, out, low, HK, HV):
-    """cuBLAS in place of the wide Triton GEMM: one mm per slice, written into the same contiguous slices."""
-    M, bounds = xc.shape[0], [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
-    with torch.autocast("cuda", enabled=False):
-        for a, b in zip(bounds, bounds[1:]):
-            torch.mm(xc, w_cat[a:b].t(), out=out[M * a:M * b].view(M, b - a))
-        torch.mm(xc, w_cat[bounds[-1]:].t(), out=low)
+IN_VARIANTS = {"unfused": naive_in.proj_in, "fused": fused_in.proj_in, "triton": fused_in.proj_in_triton,
+               "cublas-cat": fused_in.proj_in_cat}
 
 
-def _addmm_dgrad(grads, w_cat, HK, HV, out_dtype):
-    """dx by cuBLAS: mm, then four addmm's accumulating in out_dtype (each reads and writes dx)."""
-    bounds = [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV, w_cat.shape[0]]
-    dx = torch.mm(grads[0], w_cat[:HK], out_dtype=out_dtype)
-    for g, a, b in zip(grads[1:], bounds[1:], bounds[2:]):
-        dx = torch.addmm(dx, g, w_cat[a:b], out_dtype=out_dtype)
-    return dx
-
-
-def _cat_dgrad(grads, w_cat, HK, HV, out_dtype):
-    """dx as one cuBLAS mm over the concatenated gradients (the copy the fused dgrad avoids)."""
-    return (torch.cat(grads, 1) @ w_cat).to(out_dtype)
-
-
-class _MmProjIn(fused_in.FusedProjIn):
-    gemm = staticmethod(_mm_gemm)
-
-
-class _CublasProjIn(_MmProjIn):
-    dgrad = staticmethod(_addmm_dgrad)
-
-
-class _CatProjIn(_MmProjIn):
-    dgrad = staticmethod(_cat_dgrad)
-
-
-IN_VARIANTS = {"unfused": naive_in.proj_in, "fused": fused_in.proj_in,
-               **{label: (lambda *a, c=cls: fused_in.launch(c, *a)) for label, cls in
-                  (("fused-mm", _MmProjIn), ("cublas", _CublasProjIn), ("cublas-cat", _CatProjIn))}}
+def gemms_alone(x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer=16.0):
+    """The unfused chain's six GEMMs and nothing else (inputs already bf16: no casts, no gate activation):
+    not the op, a floor for it. Its backward is autograd's dgrads and wgrads of the same F.linear calls."""
+    low = torch.nn.functional.linear(x, w_down)
+    return (*(torch.nn.functional.linear(x, w) for w in (w_q, w_k, w_v)),
+            torch.nn.functional.linear(low, w_up, b_up), torch.nn.functional.linear(x, w_r))
 
 
 def make_inputs(B, T, H, V, d, seed=0):
@@ -360,6 +332,22 @@ def measure(side: str, all_variants: dict, oracle, inputs: list, dys: list, out_
     return result, table if errors["pass"] else table + [f"{side}: a fused variant FAILED its check; timings invalid"]
 
 
+def floor_rows(result: dict, inputs: list, dys: list, bind, md: Path) -> list[str]:
+    """Times gemms_alone (bf16 leaves, each gradient reshaped to its [B, T, width] output), records it in the
+    result and its .md, and returns the table's floor rows: the speed-up no cuBLAS-based fusion can pass."""
+    leaves = [t.detach().to(torch.bfloat16).requires_grad_() for t in inputs]
+    fdys = [dy.reshape(*dy.shape[:2], -1).to(torch.bfloat16) for dy in dys]
+    floor = timings(bind(gemms_alone), leaves, fdys)
+    result["gemms_alone"] = floor
+    un = result["timings"]["unfused"]
+    rows = ["", "| GEMMs alone (cuBLAS, bf16 inputs, nothing else) | ms | unfused ÷ it (the ceiling) |", "|---|---|---|",
+            f"| fwd | {floor['fwd_ms']:.3f} | {un['fwd_ms'] / floor['fwd_ms']:.2f}× |",
+            f"| fwd+bwd | {floor['fwd_bwd_ms']:.3f} | {un['fwd_bwd_ms'] / floor['fwd_bwd_ms']:.2f}× |"]
+    md.write_text(md.read_text() + "\n".join(rows) + "\n")
+    (md.with_suffix(".json")).write_text(json.dumps(result, indent=1, default=str))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, type=Path, help="folder for proj.{md,json,png} and proj_in.{md,json,png}")
@@ -391,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
             ["q", "k", "v", "gk", "r"], ["dx", "dW_q", "dW_k", "dW_v", "dW_r", "dW_down", "dW_up", "db_up"],
             hbm_bytes_in(B, T, d, H, K, V, L), dict(B=B, T=T, d=d, H=H, K=K, V=V, L=L),
             {"wide GEMM": fused_in._gemm_tuned, "dgrad GEMM": fused_in._dgrad_tuned}, args.out, "proj_in", "proj_in")
-        tables += table
+        tables += table + floor_rows(results["in"], inputs, dys, bind, args.out / "proj_in.md")
     print("\n".join(tables))
     if any(not r["check"]["pass"] for r in results.values()):
         raise SystemExit("a fused variant failed its check against the fp32 oracle (see above); timings are not valid")

@@ -2,17 +2,29 @@
 
     q, k, v, r = x W_qᵀ, x W_kᵀ, x W_vᵀ, x W_rᵀ;   gk = logsigmoid((x W_downᵀ) W_upᵀ + b) / normalizer
 
-Forward, two kernels (ops/proj_in/kernels.py) after one cast of x to bf16 and one bf16 copy of the weights
-into W_cat = [W_q; W_k; W_v; W_r; W_down] ([N, d], N = 2HK + 2HV + L; ≈ 34 MB at the seed shape, rebuilt
-per call so nothing is cached): one wide pipelined Triton GEMM x W_catᵀ whose epilogue stores each column
-into its slice, so q, k, v, r come out as contiguous [B, T, H, D] tensors (the GLA ops call .contiguous(),
-so strided views of one [M, N] output would be copied there) and the rank-L `low` as [M, L]; then one small
+Forward, after one cast of x to bf16 and one bf16 copy of the weights into W_cat = [W_q; W_k; W_v; W_r; W_down]
+([N, d], N = 2HK + 2HV + L; ≈ 34 MB at the seed shape, rebuilt per call so nothing is cached): the GEMM x W_catᵀ
+writes each slice contiguously (q, k, v, r as [B, T, H, D] tensors, since the GLA ops call .contiguous() and
+strided views of one [M, N] output would be copied there; the rank-L `low` as [M, L]); then one small Triton
 kernel gk = logsigmoid(low W_upᵀ + b)/normalizer (inner dimension L = 16: one tl.dot per tile) writing fp32.
-Backward: one kernel recomputes z from low, writes dz = dgk·σ(−z)/normalizer (bf16), dlow = dz W_up and
-db's partial sums; dW_up = dzᵀ low (cuBLAS); dx = Σ_s dA_s W_s by one Triton GEMM with one K loop per
-gradient (dq, dk, dv, dr, dlow arrive as separate tensors: concatenating them would cost 1 GB of copies),
-stored once in x's dtype; the five dW_s = dA_sᵀ x (cuBLAS). Saved: bf16 x, low, W_cat (PyTorch's chain
-keeps five bf16 casts of x and the fp32 logsigmoid input).
+Backward: one Triton kernel recomputes z from low, writes dz = dgk·σ(−z)/normalizer (bf16), dlow = dz W_up and
+db's partial sums; dW_up = dzᵀ low; dx = [dq | dk | dv | dr | dlow] W_cat, one GEMM, rounded once; the five
+dW_s = dA_sᵀ x. Saved: bf16 x, low, W_cat (PyTorch's chain keeps five bf16 casts of x and the fp32 logsigmoid
+input).
+
+The two big GEMMs (forward x W_catᵀ, backward dx) each have two engines. The library runs the forward by cuBLAS
+(`mm_gemm`: one mm per slice into its place) and dx by our Triton kernel (`triton_dgrad`: one K loop per
+gradient, so the five gradients need no concatenation, and fp32 dx is written once). `TritonProjIn` runs the
+forward by our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once);
+`CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape
+(bench/results/2026-11-24-h100-proj-in-2.md; unfused ÷ variant, fwd / fwd+bwd): library 1.14× / 1.22×,
+CatProjIn 1.20× / 1.17×, TritonProjIn 1.01× / 1.02×; one forward, identical in the first two, varied 5 % between
+them, and an earlier call ranked the two backwards the other way round, so those two are a tie in time. The
+library's takes 20 % less peak memory (no [M, N] concatenation) and moves 1.5× fewer bytes backward. The Triton
+forward moves 1.4× fewer bytes than cuBLAS's but runs the same FLOPs ~15 % slower (480 vs 570 TFLOP/s), and these
+GEMMs are ~80 % of the time. The six GEMMs alone, on inputs already bf16 and with nothing else, take 1.67 ms
+forward and 5.47 ms forward+backward: unfused ÷ that is 1.38× / 1.24×, the most any fusion that keeps these
+GEMMs can reach. Every engine pair stays tested against the oracle.
 
 Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 32768, N = 8208; X = one
 [M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for elementwise kernels,
@@ -27,12 +39,9 @@ Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 3276
   fused bwd    gk backward 408 MB 0.15 ms; dW_up 135 MB 0.05; dgrad 1102 GFLOP ≈ 2.0 ms writing fp32 dx once;
                4 wgrads 1100 GFLOP ≈ 1.7 ms; dW_down, casts 0.1 → 2732 MB, ≈ 4.0 ms
                fwd+bwd ≈ 6.3 ms vs unfused 9.3 ms (1.5×)
-The GEMMs are ~80% of the fused time, so which engine runs them decides the ratio: the wide Triton GEMM
-reads x once and needs no copies, but cuBLAS runs ~15% faster per FLOP. scripts/bench_proj.py times both
-(`fused-mm`: cuBLAS per-slice mm's into the same slices; `cublas`: also dx by an fp32 addmm chain).
-Measured on the H100 (bench/results/2026-11-24-h100-proj-in.md), against that prediction: unfused fwd 2.33 ms
-and fused 2.30 (1.01×); fwd+bwd 6.88 vs 6.22 ms (1.11×). PyTorch's casts cost less than modelled, and the
-wide Triton GEMM ran at ~480 TFLOP/s; the bench's `cublas-cat` variant reached 1.23× / 1.17×.
+Measured on the H100 (bench/results/2026-11-24-h100-proj-in.md), against that prediction (made for the Triton
+engine): unfused fwd 2.33 ms and Triton 2.30 (1.01×); fwd+bwd 6.88 vs 6.22 ms (1.11×). PyTorch's casts cost less
+than modelled and the wide Triton GEMM ran at ~480 TFLOP/s, hence the switch to cuBLAS above.
 """
 from __future__ import annotations
 
@@ -97,7 +106,23 @@ def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, low: tor
                 PREC=dot_precision(xc))
 
 
-def dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_dtype: torch.dtype) -> torch.Tensor:
+def mm_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, low: torch.Tensor, HK: int, HV: int) -> None:
+    """wide_gemm's contract by cuBLAS: one mm per slice, each written into its place (x is read five times)."""
+    M, bounds = xc.shape[0], [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
+    with torch.autocast(xc.device.type, enabled=False):
+        for a, b in zip(bounds, bounds[1:]):
+            torch.mm(xc, w_cat[a:b].t(), out=out[M * a:M * b].view(M, b - a))
+        torch.mm(xc, w_cat[bounds[-1]:].t(), out=low)
+
+
+def cat_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """triton_dgrad's contract by cuBLAS: the gradients concatenated ([M, N], one copy), one mm, one cast."""
+    with torch.autocast(w_cat.device.type, enabled=False):
+        return (torch.cat(grads, 1) @ w_cat).to(out_dtype)
+
+
+def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int,
+                 out_dtype: torch.dtype) -> torch.Tensor:
     """grads = [dq, dk, dv, dr, dlow] ([M, width] contiguous, w_cat's dtype) → dx = Σ_s dA_s W_cat[slice s],
     [M, d] in out_dtype."""
     M, L = grads[4].shape
@@ -143,10 +168,10 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
 
 class FusedProjIn(torch.autograd.Function):
     """x [M, d] in any float dtype, the seven parameters as nn.Linear holds them → q, k [M, HK], v, r [M, HV] in
-    `dtype` (views of one buffer) and gk [M, HK] fp32. `gemm` and `dgrad` are the two big GEMMs' engines
-    (scripts/bench_proj.py swaps in cuBLAS ones); everything else is shared."""
-    gemm = staticmethod(wide_gemm)
-    dgrad = staticmethod(dgrad)
+    `dtype` (views of one buffer) and gk [M, HK] fp32. `gemm` and `dgrad` are the two big GEMMs' engines (see the
+    module docstring; the subclasses below swap them); everything else is shared."""
+    gemm = staticmethod(mm_gemm)
+    dgrad = staticmethod(triton_dgrad)
 
     @staticmethod
     def forward(ctx, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, inv_norm):
@@ -178,6 +203,16 @@ class FusedProjIn(torch.autograd.Function):
         dx = ctx._forward_cls.dgrad(grads, w_cat, HK, HV, ctx.x_dtype)
         dws = [(g.t() @ xc).to(wd) for g, wd in zip(grads, ctx.w_dtypes)]   # dW_s = dA_sᵀ x, cuBLAS
         return (dx, *dws, dw_up.to(ctx.w_dtypes[0]), db.to(b_up.dtype), None, None)
+
+
+class TritonProjIn(FusedProjIn):
+    """The same op with the forward GEMM by our wide Triton kernel too."""
+    gemm = staticmethod(wide_gemm)
+
+
+class CatProjIn(FusedProjIn):
+    """The same op with dx by cuBLAS over the concatenated gradients."""
+    dgrad = staticmethod(cat_dgrad)
 
 
 def launch(fn: type[torch.autograd.Function], x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
@@ -214,6 +249,21 @@ def proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Te
     w_up [H·K, L]; b_up [H·K] → q, k [B, T, H, K], v [B, T, H, V] (x's dtype, or autocast's), gk [B, T, H, K]
     fp32, r [B, T, H·V]. Any K, V, L ≤ 64 (tiles are masked)."""
     return launch(FusedProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
+
+
+def proj_in_cat(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
+                w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
+                normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
+    """proj_in with CatProjIn's engines (tested and timed beside the library's)."""
+    return launch(CatProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
+
+
+def proj_in_triton(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
+                   w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
+                   normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
+    """proj_in with the Triton engines (TritonProjIn): tested against the oracle like the library's path, and
+    timed beside it by scripts/bench_proj.py."""
+    return launch(TritonProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
 
 
 def build(fuse: frozenset[str]) -> Callable:

@@ -51,15 +51,20 @@ SHAPES = [(2, 13, 40, 3, 8, 12, 4), (1, 21, 33, 2, 16, 16, 16), (1, 9, 24, 1, 20
           (1, 19, 48, 4, 9, 5, 16)]
 
 
+# every engine pair (ops/proj_in/fused.py): the library's, all-Triton, cuBLAS dx over concatenated gradients
+ENGINES = {"library": fused.proj_in, "triton": fused.proj_in_triton, "cat": fused.proj_in_cat}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}d{}H{}K{}V{}L{}".format(*s))
-def test_fused_matches_naive_fp32(shape, device, poison_empty):
+def test_fused_matches_naive_fp32(shape, engine, device, poison_empty):
     """fp32 with exact dots (input_precision ieee): every output and gradient within 1e-5 (DESIGN §6); NaN-filled
     allocations make any element a kernel leaves unwritten fail. q, k, v, r come out contiguous: the mixer's
     .contiguous() is free."""
     H = shape[3]
     inputs = make_inputs(*shape, device=device)
     ref_o, ref_g, dys = run(naive.proj_in, inputs, H, 16.0)
-    out, grads, _ = run(fused.proj_in, inputs, H, 16.0, dys)
+    out, grads, _ = run(ENGINES[engine], inputs, H, 16.0, dys)
     for name in OUTS:
         assert out[name].shape == ref_o[name].shape and out[name].dtype == ref_o[name].dtype, name
         assert out[name].is_contiguous(), name
@@ -82,10 +87,10 @@ def test_normalizer_and_saturated_gate(normalizer, device):
         assert rel_err(grads[name], ref_g[name]) < 1e-5, name
 
 
-def test_saves_less_than_the_unfused_chain():
+def test_saves_less_than_the_unfused_chain(device):
     """The fused op keeps one copy of x, low and W_cat; PyTorch's chain keeps what each linear and logsigmoid needs."""
     def saved(fn):
-        inputs = make_inputs(*shape)
+        inputs = make_inputs(*shape, device=device)
         return saved_bytes(lambda: fn(*inputs, 2, 16.0))
 
     shape = B, T, d, H, K, V, L = (2, 32, 64, 2, 16, 16, 4)
@@ -142,8 +147,9 @@ GPU_SHAPES = {"seed_B8T4096d2048H16K128": (8, 4096, 2048, 16, 128, 128, 16),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 at full shapes needs a CUDA GPU")
+@pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
-def test_fused_matches_naive_bf16_gpu(name):
+def test_fused_matches_naive_bf16_gpu(name, engine):
     """Under bf16 autocast, as the model runs (fp32 x from the block's norm), against the fp32 naive op. Bound:
     twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of rounding slack
     (STYLE.md §7), for every output and every gradient."""
@@ -154,7 +160,7 @@ def test_fused_matches_naive_bf16_gpu(name):
     dys = [dy.cuda() for dy in dys]
     with torch.autocast("cuda", dtype=torch.bfloat16):
         nb_o, nb_g, _ = run(naive.proj_in, inputs, H, 16.0, dys)
-        out, grads, _ = run(fused.proj_in, inputs, H, 16.0, dys)
+        out, grads, _ = run(ENGINES[engine], inputs, H, 16.0, dys)
     assert [out[n].dtype for n in OUTS] == [nb_o[n].dtype for n in OUTS]
     errs = {n: (rel_err(out[n], ref_o[n]), rel_err(nb_o[n], ref_o[n])) for n in OUTS}
     errs |= {f"d{n}": (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in INS}
