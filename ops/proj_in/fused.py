@@ -17,14 +17,15 @@ The two big GEMMs (forward x W_catᵀ, backward dx) each have two engines. The l
 gradient, so the five gradients need no concatenation, and fp32 dx is written once). `TritonProjIn` runs the
 forward by our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once);
 `CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape
-(bench/results/2026-11-24-h100-proj-in-2.md; unfused ÷ variant, fwd / fwd+bwd): library 1.14× / 1.22×,
-CatProjIn 1.20× / 1.17×, TritonProjIn 1.01× / 1.02×; one forward, identical in the first two, varied 5 % between
-them, and an earlier call ranked the two backwards the other way round, so those two are a tie in time. The
-library's takes 20 % less peak memory (no [M, N] concatenation) and moves 1.5× fewer bytes backward. The Triton
-forward moves 1.4× fewer bytes than cuBLAS's but runs the same FLOPs ~15 % slower (480 vs 570 TFLOP/s), and these
-GEMMs are ~80 % of the time. The six GEMMs alone, on inputs already bf16 and with nothing else, take 1.67 ms
-forward and 5.47 ms forward+backward: unfused ÷ that is 1.38× / 1.24×, the most any fusion that keeps these
-GEMMs can reach. Every engine pair stays tested against the oracle.
+(bench/results/2026-11-24-h100-proj-in-2.md; unfused ÷ variant, fwd / fwd+bwd): library 1.20× / 1.18×,
+CatProjIn 1.15× / 1.13×, TritonProjIn 0.99× / 0.99×. The library's forward is CatProjIn's, so their forward gap is
+run-to-run spread (±5 %); an earlier call ranked the two backwards the other way round, so in time they tie, and
+the library's takes 20 % less peak memory (no [M, N] concatenation) and moves 1.5× fewer bytes backward. The
+Triton forward moves 1.4× fewer bytes than cuBLAS's but runs the same FLOPs ~15 % slower (480 vs 570 TFLOP/s), and
+these GEMMs are ~80 % of the time. The six GEMMs alone, on inputs already bf16 and with nothing else, take 1.68 ms
+forward and 5.56 ms forward+backward: unfused ÷ that is 1.37× / 1.24×, the most any fusion that keeps these GEMMs
+can reach, so issue [H]'s 1.3× forward+backward is out of reach on this side without faster GEMMs.
+Every engine pair stays tested against the oracle.
 
 Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 32768, N = 8208; X = one
 [M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for elementwise kernels,
