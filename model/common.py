@@ -87,7 +87,8 @@ def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Calla
     fuse = parse_fuse(cfg.fuse)
     if fuse is not None and "proj" in fuse and not has_proj:
         raise BackendError(f"op {op!r} ({cfg.family}): the fused 'proj' component (issue [H], the projection "
-                           "chain) is not implemented for this family yet (GLA has it); drop it from --fuse")
+                           "chain) is not implemented for this family yet (GLA, Gated DeltaNet and Mamba-2 have it); "
+                           "drop it from --fuse")
     return get_op(op, cfg.backend, fuse), fused_label(op, cfg.backend, fuse)
 
 

@@ -4,14 +4,18 @@
     β = sigmoid(x W_β),  g = −exp(A_log) · softplus(x W_a + dt_bias)
     S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ,   o_t = S_tᵀ (q_t K^{-1/2})
     y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
+
+The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`
+(issue [H]): the input side (the projections, short convs, norms, β and g) is `gdn_proj_in`
+(ops/gdn_proj_in/), the output side (norm, gate, W_o and the block's residual add) is `proj_out`
+(ops/proj_out/, shared with GLA). The weights stay the modules below, so checkpoints do not depend on the backend.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_, resolve_op
+from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_, resolve_op, resolve_proj
 from model.config import ModelConfig
 
 
@@ -34,26 +38,25 @@ class GatedDeltaNetMixer(nn.Module):
         self.o_norm = RMSNorm(V, cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
-        self.gated_delta, label = resolve_op(cfg, "gated_delta")
-        self.resolved_ops = {"gated_delta": label}
+        self.gated_delta, label = resolve_op(cfg, "gated_delta", has_proj=True)
+        self.proj_in, in_label = resolve_proj(cfg, "gdn_proj_in")
+        self.proj_out, out_label = resolve_proj(cfg, "proj_out")
+        # the log names the proj ops only when fused: the naive chain is what every other run has always run
+        proj = {op: lab for op, lab in (("gdn_proj_in", in_label), ("proj_out", out_label)) if lab != "naive"}
+        self.resolved_ops = {"gated_delta": label, **proj}
+        self.adds_residual = True                                            # proj_out adds the block's residual
 
     def init_extra(self) -> None:
         init_ssm_decay_(self.A_log, self.dt_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [B, T, d] → [B, T, d]."""
-        B, T, _ = x.shape
-        q = F.normalize(self.q_conv(self.q_proj(x)).view(B, T, self.H, self.K), dim=-1, eps=1e-6)
-        k = F.normalize(self.k_conv(self.k_proj(x)).view(B, T, self.H, self.K), dim=-1, eps=1e-6)
-        v = self.v_conv(self.v_proj(x)).view(B, T, self.H, self.V)
-        # CUDA autocast runs F.normalize in fp32; the Triton backends take q, k, v in one dtype, and
-        # every backend must see the same inputs (the chunk backend raised here in bf16 training).
-        q, k = q.to(v.dtype), k.to(v.dtype)
-        beta = self.b_proj(x).float().sigmoid()                              # [B, T, H]
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)  # [B, T, H]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
+        q, k, v, g, beta, r = self.proj_in(
+            x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.r_proj.weight, self.b_proj.weight,
+            self.a_proj.weight, self.q_conv.conv.weight, self.k_conv.conv.weight, self.v_conv.conv.weight,
+            self.A_log, self.dt_bias, self.H)                  # q, k [B, T, H, K]; v [B, T, H, V]; g, β fp32 [B, T, H]
         o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5)     # [B, T, H, V]
-        o = self.o_norm(o) * F.silu(self.r_proj(x).view(B, T, self.H, self.V))
-        return self.o_proj(o.reshape(B, T, self.H * self.V))
+        return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
     def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
         """Chunkwise form beyond the projections, fwd + bwd (3× fwd), per head: Q Kᵀ and K Kᵀ

@@ -4,14 +4,17 @@
     dt = softplus(dt + dt_bias),  A = −exp(A_log)
     h_t = exp(dt_t A) h_{t-1} + dt_t B_tᵀ x_t,   y_t = C_t h_t + D ⊙ x_t
     out = RMSNorm(y ⊙ silu(z)) W_out
+
+The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`
+(issue [H]): the input side (in_proj, the short conv, dt) is `mamba2_proj_in` (ops/mamba2_proj_in/), the
+output side (gate, norm, W_out and the block's residual add) is `proj_out` with gate_first (ops/proj_out/).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_op
+from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_op, resolve_proj
 from model.config import ModelConfig
 
 
@@ -32,25 +35,29 @@ class Mamba2Mixer(nn.Module):
         self.norm = RMSNorm(d_inner, cfg.norm_eps)
         self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=False)
         self.out_proj.residual_out = True
-        self.ssd, label = resolve_op(cfg, "ssd")
-        self.resolved_ops = {"ssd": label}
+        self.ssd, label = resolve_op(cfg, "ssd", has_proj=True)
+        self.proj_in, in_label = resolve_proj(cfg, "mamba2_proj_in")
+        self.proj_out, out_label = resolve_proj(cfg, "proj_out")
+        # the log names the proj ops only when fused: the naive chain is what every other run has always run
+        proj = {op: lab for op, lab in (("mamba2_proj_in", in_label), ("proj_out", out_label)) if lab != "naive"}
+        self.resolved_ops = {"ssd": label, **proj}
+        self.adds_residual = True                                            # proj_out adds the block's residual
 
     def init_extra(self) -> None:
         init_ssm_decay_(self.A_log, self.dt_bias)
         with torch.no_grad():
             self.D.fill_(1.0)
 
-    def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """u: [B, T, d] → [B, T, d]."""
+    def forward(self, u: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """u: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
         Bsz, T, _ = u.shape
-        z, xBC, dt = self.in_proj(u).split([self.d_inner, self.d_inner + 2 * self.G * self.N, self.H], -1)
-        x, Bm, Cm = self.conv(xBC).split([self.d_inner, self.G * self.N, self.G * self.N], -1)
+        z, x, Bm, Cm, dt = self.proj_in(u, self.in_proj.weight, self.conv.conv.weight, self.conv.conv.bias,
+                                        self.dt_bias, self.d_inner, self.G * self.N)    # dt [B, T, H] fp32
         x = x.view(Bsz, T, self.H, self.P)
-        dt = F.softplus(dt.float() + self.dt_bias)                           # [B, T, H]
         y, _ = self.ssd(x, dt, -self.A_log.float().exp(), Bm.view(Bsz, T, self.G, self.N),
                         Cm.view(Bsz, T, self.G, self.N))                     # [B, T, H, P]
-        y = (y + self.D[:, None] * x).reshape(Bsz, T, self.d_inner)
-        return self.out_proj(self.norm(y * F.silu(z)))
+        y = (y + self.D[:, None] * x).reshape(Bsz, T, 1, self.d_inner)      # one "head": the norm spans d_inner
+        return self.proj_out(y, z, self.norm.weight, self.out_proj.weight, residual, self.norm.eps, gate_first=True)
 
     def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
         """SSD as scalar-decay GLA (K = N, V = P), fwd + bwd (3× fwd), per head."""

@@ -109,5 +109,5 @@ def test_missing_backend_is_a_clear_error(tmp_path):
     mamba2 = ["--model.family=mamba2", "--model.ssm_head_dim=8", "--model.ssm_state=8"]
     with pytest.raises(BackendError, match="op 'ssd', backend 'fused': no fused chunk component"):
         train.main(tiny(tmp_path, "b") + ["--backend", "fused", "--fuse", "chunk"] + mamba2)
-    with pytest.raises(BackendError, match="op 'gated_delta' has no 'fused' backend"):
-        train.main(tiny(tmp_path, "c") + ["--backend", "fused", "--model.family=gated_deltanet"])
+    with pytest.raises(BackendError, match="op 'attention' has no 'chunk' backend"):
+        train.main(tiny(tmp_path, "c") + ["--backend", "chunk", "--model.family=gpt2"])

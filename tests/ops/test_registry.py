@@ -70,8 +70,7 @@ def test_model_refuses_an_unbuilt_proj_component():
     from model import build_model
     from model.config import ModelConfig
 
-    cfg = ModelConfig(family="gated_deltanet", backend="fused", fuse="proj", d_model=32, n_layers=1, n_heads=2,
-                      head_k_dim=8, head_v_dim=8, vocab_size=64)
+    cfg = ModelConfig(family="gpt2", backend="fused", fuse="proj", d_model=32, n_layers=1, n_heads=2, vocab_size=64)
     with pytest.raises(BackendError, match="'proj' component.*not implemented.*drop it from --fuse"):
         build_model(cfg)
 

@@ -1,0 +1,42 @@
+"""The input side of Mamba-2's projection chain on the `fused` backend (issue [H], component `proj`):
+
+    z, xBC, dt = split(u W_inᵀ);   x, B, C = split(SiLU(conv4(xBC) + b));   dt = softplus(dt + dt_bias)
+
+Mamba-2's input projection is already one GEMM in PyTorch (cuBLAS, kept). What the fusion removes is the conv's
+chain: PyTorch transposes xBC, runs a cuDNN conv over channels-first data, slices, transposes back and applies
+SiLU, each a pass over [M, d_inner + 2·G·N]; here one Triton kernel (ops/common/short_conv.py) reads xBC's
+columns in place in the GEMM's output and writes SiLU(conv + b) once, in fp32 math; its backward is one kernel
+too. dt is [M, H]: two PyTorch elementwise calls on its slice cost less than a kernel. Why the conv is not in
+the GEMM's epilogue: see ops/gdn_proj_in/fused.py.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.short_conv import short_conv
+
+COMPONENTS = ("proj",)
+
+
+def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, conv_b: torch.Tensor | None,
+                   dt_bias: torch.Tensor, d_inner: int, d_state: int) -> tuple[torch.Tensor, ...]:
+    """Shapes as ops.mamba2_proj_in.naive.mamba2_proj_in: u [B, T, d]; w_in [2·d_inner + 2·d_state + H, d];
+    conv_w [d_inner + 2·d_state, 1, W]; conv_b [d_inner + 2·d_state] or None; dt_bias [H] → z, x [B, T, d_inner],
+    B, C [B, T, d_state] (the GEMM's dtype; z a view of its output, x, B, C views of the conv's), dt [B, T, H] fp32."""
+    H = dt_bias.shape[0]
+    conv_dim = d_inner + 2 * d_state
+    if w_in.shape[0] != d_inner + conv_dim + H or conv_w.shape[0] != conv_dim:
+        raise ValueError(f"mamba2_proj_in: w_in {tuple(w_in.shape)}, conv_w {tuple(conv_w.shape)} do not agree with "
+                         f"d_inner {d_inner}, d_state {d_state}, {H} heads")
+    z, xBC, dt = F.linear(u, w_in).split([d_inner, conv_dim, H], -1)
+    x, Bm, Cm = short_conv(xBC, conv_w.flatten(1), conv_b).split([d_inner, d_state, d_state], -1)
+    return z, x, Bm, Cm, F.softplus(dt.float() + dt_bias)
+
+
+def build(fuse: frozenset[str]) -> Callable:
+    """`proj` is this op's one component (ops.get_op has checked the names)."""
+    return mamba2_proj_in
