@@ -86,7 +86,7 @@ def evaluate(model, store, cfg: Config, accelerator) -> float:
     mine = list(eval_batches(store, T, mb, n, world, accelerator.process_index))
     pad = max_eval_batches(store, T, mb, n, world) - len(mine)
     for i, (x, y) in enumerate(mine + [windows_to_batch(store, [0], T)] * pad):
-        _, loss = model(x.to(accelerator.device), y.to(accelerator.device))
+        _, loss = model(x.to(accelerator.device), y.to(accelerator.device), return_logits=False)
         if i < len(mine):
             total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
     model.train()
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
                 x, y = (t.to(device, non_blocking=True) for t in sampler.batch(step, micro))
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    _, loss = model(x, y)
+                    _, loss = model(x, y, return_logits=False)     # chunked head + loss (model/loss.py)
                     accelerator.backward(loss / tc.grad_accum)
                 loss_sum += loss.detach() / tc.grad_accum
             # max_norm = inf measures the norm without clipping

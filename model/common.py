@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import ModelConfig
+from model.loss import linear_cross_entropy
 from ops import BackendError, fused_label, get_op, parse_fuse
 
 
@@ -144,8 +145,10 @@ class CausalLM(nn.Module):
             if hasattr(m, "init_extra"):
                 m.init_extra()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss."""
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
+        """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss. With targets
+        and return_logits=False (training), the logits are None and the loss comes from model.loss's chunked head
+        and cross-entropy, which never holds the whole [B, T, vocab] logits (the same math)."""
         x = self.embed(idx)                                              # [B, T, d]
         if self.pos_embed is not None:
             if idx.shape[1] > self.cfg.max_seq_len:
@@ -154,7 +157,10 @@ class CausalLM(nn.Module):
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
-        logits = F.linear(x, self.embed.weight) if self.head is None else self.head(x)
+        head = self.embed.weight if self.head is None else self.head.weight
+        if targets is not None and not return_logits:
+            return None, linear_cross_entropy(x, head, targets)
+        logits = F.linear(x, head)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -79,8 +79,10 @@ def force_fla_backward() -> str | None:
     return f"timing-only (fla backward forced on Triton {'.'.join(triton.__version__.split('.')[:2])})"
 
 
-def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int) -> dict:
-    """One row, in this process: build, train warmup + steps steps, measure."""
+def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int,
+           logits: bool = False) -> dict:
+    """One row, in this process: build, train warmup + steps steps, measure. logits: our models' loss through
+    the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of model/loss.py's chunked head."""
     from config import load_config
     from model import build_model
 
@@ -94,7 +96,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     else:
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
-        loss_of = lambda x: model(x[:, :-1], x[:, 1:])[1]  # noqa: E731
+        loss_of = lambda x: model(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
 
@@ -133,7 +135,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
 def run_row(config: str, backend: str, args, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
-           "--steps", str(args.steps)]
+           "--steps", str(args.steps)] + (["--logits"] if args.logits else [])
     row = {"config": Path(config).stem, "backend": backend}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -152,7 +154,9 @@ def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
              f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}; B{args.batch} T{args.seq_len}, "
              f"{'bf16 autocast, fused AdamW' if env['device'] != 'cpu' else 'fp32, AdamW (CPU)'}, {args.warmup} warm-up + "
              f"{args.steps} timed steps, one process per row. `peer` is fla's model class (GLA, Gated DeltaNet, "
-             "Mamba-2) or transformers' GPT2LMHeadModel (SDPA) at the same size.", "",
+             "Mamba-2) or transformers' GPT2LMHeadModel (SDPA) at the same size. Our rows' loss: "
+             + ("PyTorch's head and cross-entropy over the whole logits (--logits)." if args.logits else
+                "model/loss.py's chunked head and cross-entropy, as train.py runs it."), "",
              "| config | backend | params | tokens/s | ÷ peer | step ms | peak GB | launch → first step s | status |",
              "|---|---|---|---|---|---|---|---|---|"]
     peers = {r["config"]: r for r in rows if r["backend"] == PEER and r["status"] == "ok"}
@@ -195,11 +199,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--deadline", type=int, default=0,
                    help="seconds for the whole table (0: none); rows not started by then are marked skipped")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--logits", action="store_true",
+                   help="our rows compute the loss through the whole logits (PyTorch's head + cross-entropy), as "
+                        "before model/loss.py; for A/B runs of memory and speed")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     configs = [c if c.endswith(".yaml") else str(REPO / "configs" / f"{c}.yaml") for c in args.configs.split(",")]
     if args.worker:
-        print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps)))
+        print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps,
+                                args.logits)))
         return []
     backends = split_backends(args.backends) + ([] if args.no_peer else [PEER])
     command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -34,6 +34,9 @@ KERNELS = {
     "ops.proj_in.kernels.dgrad_kernel": (
         {"dq": BF16, "dk": BF16, "dv": BF16, "dr": BF16, "dlow": BF16, "w": BF16, "dx": F32},
         ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
+    "ops.common.cross_entropy.ce_rows_kernel": (
+        {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "stride"), (),
+        {"IGNORE": -100, "GRAD": True, "BLOCK": 64}),
     "ops.proj_out.kernels.gate_fwd_kernel": (
         {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R",), ("eps",),
         {"V": 32, "BV": 32, "BR": 16, "GATE_FIRST": True}),
