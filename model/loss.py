@@ -12,7 +12,8 @@ GEMMs, and only dx ([B·T, d]) and dW ([vocab, d] fp32) are kept for the backwar
 incoming gradient. Peak extra memory: one chunk's logits (412 MB in bf16 at CHUNK = 4096 and 50,257 tokens).
 The GEMM FLOPs are PyTorch's (the backward's two GEMMs move into the forward). Rounding points are PyTorch's as
 well, except dW, which sums per-chunk bf16 products in fp32 rather than rounding one bf16 product. Without grad
-(evaluation) only the loss is computed.
+(evaluation) only the loss is computed. Under fp16 autocast the whole-logits chain runs instead (see
+linear_cross_entropy: the 1/N-scaled gradient would underflow in fp16 before the loss scaler's factor).
 H100, B8 T2048 (bench/results/2026-11-24-h100-chunked-loss-throughput.md), against the whole logits: 8.8, 8.9 and
 9.0 GB less peak memory on gla_340m, gdn_340m and gpt2_124m, and 6.4 %, 4.6 % and 12.8 % more tokens/s. With the
 chunk step as PyTorch ops instead of the kernel, the same memory cost 3–8 % of the speed (…-chunked-loss-torch-ops.md).
@@ -45,9 +46,10 @@ def _ce_rows_torch(z: torch.Tensor, t: torch.Tensor, ok: torch.Tensor, inv: torc
 
 class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, targets, dtype, chunk):
-        """x [N, d]; weight [vocab, d]; targets [N] int64 → the mean loss over the targets ≠ IGNORE_INDEX."""
-        want_grad = any(ctx.needs_input_grad[:2])
+    def forward(ctx, x, weight, targets, dtype, chunk, want_grad):
+        """x [N, d]; weight [vocab, d]; targets [N] int64 → the mean loss over the targets ≠ IGNORE_INDEX.
+        want_grad: decided by the caller (inside forward grad mode is always off, and ctx.needs_input_grad
+        says only which inputs require grad, also under torch.no_grad())."""
         xc, wc = x.to(dtype), weight.to(dtype)
         valid = targets != IGNORE_INDEX
         count = valid.sum().clamp_min(1)
@@ -79,7 +81,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         dx, dw = ctx.saved_tensors
         gx = (dx * grad).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
         gw = (dw * grad).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
-        return gx, gw, None, None, None
+        return gx, gw, None, None, None, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -88,4 +90,11 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     targets [...] int64 (IGNORE_INDEX skips a position). Under autocast the GEMMs run in its dtype, as F.linear."""
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    return LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1), dtype, chunk)
+    if dtype == torch.float16:
+        # fp16 trains with a loss scale applied after this loss: the chunked gradient (softmax − onehot)/N, rounded
+        # to fp16 before that scale, would underflow (at N = 16384 most entries become 0). PyTorch's chain forms it
+        # already scaled, so fp16 keeps the whole logits.
+        return torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight).float().flatten(0, -2),
+                                                 targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    want_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    return LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1), dtype, chunk, want_grad)

@@ -6,9 +6,9 @@ in its dtype), logsumexp, the loss term and, in place of z, the gradient (softma
 Why a kernel: in PyTorch the same steps are a cast to fp32, logsumexp, a gather, exp, a scatter, a scale and a
 cast back, each a pass over the [rows, vocab] chunk (≈ 6.6 GB per 4096 × 50,257 chunk); the kernel reads z twice
 and writes it once (1.2 GB), with fp32 math. One program per row streams the vocab in BLOCK columns: pass 1 keeps
-a running max and sum (the max per block, so no lane ever subtracts −inf from −inf), pass 2 writes the gradient.
-The running sum is rescaled per block, as in an online softmax. Rows whose target is IGNORE (−100) get loss 0 and
-gradient 0. scale is a pointer (1 / the number of counted targets, a device scalar), so no host sync is needed.
+a running max (per block, starting at −1e30 rather than −inf) and a running sum rescaled as in an online softmax;
+pass 2 writes the gradient. Rows whose target is IGNORE (−100) get loss 0 and gradient 0. scale is a pointer
+(1 / the number of counted targets, a device scalar), so no host sync is needed.
 """
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ def ce_rows_kernel(z, targets, scale, loss, V, stride, IGNORE: tl.constexpr, GRA
     ok = t != IGNORE
     ts = tl.where(ok, t, 0)
     cols = tl.arange(0, BLOCK)
-    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)                   # a scalar −inf
+    # a finite start: a block of −inf logits before any finite one then rescales by exp(−inf) = 0, not NaN
+    m = tl.max(tl.full([BLOCK], -1e30, tl.float32), axis=0)
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     for v0 in range(0, V, BLOCK):
         x = tl.load(zr + v0 + cols, mask=v0 + cols < V, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))                                      # finite: ≥ 1 column valid
+        m_new = tl.maximum(m, tl.max(x, axis=0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
         m = m_new
     lse = m + tl.log(s)
@@ -48,10 +49,12 @@ def ce_rows_kernel(z, targets, scale, loss, V, stride, IGNORE: tl.constexpr, GRA
             tl.store(zr + c, (p * sc).to(z.dtype.element_ty), mask=c < V)
 
 
-def ce_rows(z: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, grad: bool, ignore: int = -100) -> torch.Tensor:
+def ce_rows(z: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, grad: bool,
+            ignore: int = -100) -> torch.Tensor:
     """z [rows, V] (row-major, any float dtype; overwritten by the gradient when grad), targets [rows] int64,
     scale: a 1-element fp32 tensor → the per-row loss terms [rows] fp32 (0 where the target is `ignore`)."""
     rows, V = z.shape
+    targets = targets.contiguous()                # the kernel reads targets[row]
     if z.stride(1) != 1:
         raise ValueError("ce_rows: z needs unit column stride")
     loss = torch.empty(rows, device=z.device, dtype=torch.float32)

@@ -37,8 +37,9 @@ INTERPRET_BT, INTERPRET_BC = 8, 16
 
 @triton.jit
 def _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, W: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """pre[rows, cols] fp32 [BT, NH, HDP] for rows [BT, 1, 1] (int64) and cols [1, NH, HDP]; rows ≥ T and
-    masked channels give pre = 0 there (bias included only on valid channels)."""
+    """pre[rows, cols] fp32 [BT, NH, HDP] for rows [BT, 1, 1] (int64) and cols [1, NH, HDP]; masked channels give
+    pre = 0 (bias included only on valid channels). Rows ≥ T are not zeroed here (they still read the last valid
+    inputs): callers mask them through their loads of dy and their stores."""
     acc = tl.zeros([rows.shape[0], cols.shape[1], cols.shape[2]], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + cols, mask=cmask, other=0.0).to(tl.float32)

@@ -186,7 +186,8 @@ class FusedProjIn(torch.autograd.Function):
         wu = w_up.to(dtype).contiguous()
         gk = gk_fwd(low, wu, b_up, inv_norm)
         ctx.save_for_backward(xc, low, w_cat, wu, b_up)
-        ctx.inv_norm, ctx.x_dtype, ctx.w_dtypes = inv_norm, x.dtype, [w.dtype for w in (w_q, w_k, w_v, w_r, w_down)]
+        ctx.inv_norm, ctx.x_dtype = inv_norm, x.dtype
+        ctx.w_dtypes = [w.dtype for w in (w_q, w_k, w_v, w_r, w_down, w_up)]
         q, k, v, r = (out[M * a:M * b].view(M, b - a) for a, b in
                       ((0, HK), (HK, 2 * HK), (2 * HK, 2 * HK + HV), (2 * HK + HV, 2 * HK + 2 * HV)))
         return q, k, v, gk, r
@@ -203,7 +204,7 @@ class FusedProjIn(torch.autograd.Function):
         grads = [g.to(xc.dtype).contiguous() for g in (dq, dk, dv, dr)] + [dlow]
         dx = ctx._forward_cls.dgrad(grads, w_cat, HK, HV, ctx.x_dtype)
         dws = [(g.t() @ xc).to(wd) for g, wd in zip(grads, ctx.w_dtypes)]   # dW_s = dA_sᵀ x, cuBLAS
-        return (dx, *dws, dw_up.to(ctx.w_dtypes[0]), db.to(b_up.dtype), None, None)
+        return (dx, *dws, dw_up.to(ctx.w_dtypes[5]), db.to(b_up.dtype), None, None)
 
 
 class TritonProjIn(FusedProjIn):

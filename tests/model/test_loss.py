@@ -39,12 +39,30 @@ def test_matches_pytorch_fp32(chunk, ignore):
         assert rel_err(a, b) < 1e-6
 
 
-def test_without_grad_returns_the_loss_only():
-    x, w = torch.randn(1, 9, 8), torch.randn(13, 8)
+def test_without_grad_computes_the_loss_only(monkeypatch):
+    """Under torch.no_grad() (evaluation), with parameters that require grad as a model's do, no chunk step forms a
+    gradient (so no dx, dW or their GEMMs either)."""
+    import model.loss as loss_mod
+
+    flags = []
+    real = loss_mod._ce_rows_torch
+    monkeypatch.setattr(loss_mod, "_ce_rows_torch", lambda *a: flags.append(a[-1]) or real(*a))
+    x, w = torch.randn(1, 9, 8), torch.randn(13, 8, requires_grad=True)
     t = torch.randint(0, 13, (1, 9))
     with torch.no_grad():
         got = linear_cross_entropy(x, w, t, chunk=4)
+    assert flags == [False] * 3
     assert abs(got.item() - reference(x, w, t).item()) < 1e-6 * reference(x, w, t).item()
+
+
+def test_fp16_keeps_the_whole_logits():
+    """fp16: the loss-scaled chain (see linear_cross_entropy), equal to PyTorch's own."""
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    t = torch.randint(0, 11, (2, 5))
+    with torch.autocast("cpu", dtype=torch.float16):
+        got, ref = linear_cross_entropy(x, w, t, chunk=3), reference(x, w, t)
+    assert got.item() == ref.item()
 
 
 def test_bf16_autocast_matches_pytorchs_rounding():
