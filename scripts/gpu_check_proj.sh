@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue [H] on a CUDA GPU, the projection chains of GLA, Gated DeltaNet and Mamba-2, from the repo root, in
 # under 540 s:
-#   1. the short-conv kernels' tests on CUDA (small fp32 shapes, no autotuning); the proj tests at full shapes:
+#   1. the short-conv and LM-loss kernels' tests on CUDA (small fp32 shapes, no autotuning; the chunked loss at the
+#      GPT-2 vocabulary in bf16); the proj tests at full shapes:
 #      bf16 against the fp32 oracle, bounded by twice the unfused chain's own bf16 error (proj_out both
 #      orderings, GLA's proj_in with every GEMM engine pair, gdn_proj_in, mamba2_proj_in), their saved-memory,
 #      wiring and refusal tests; the bf16 model checks of the three families with `fused` (their chains
@@ -24,7 +25,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 status=0
 echo "== tests (GPU)"
-timeout -s INT 100 python3 -m pytest -v -rfs tests/ops/test_short_conv.py > "$OUT/proj/tests.log" 2>&1 || status=1
+timeout -s INT 100 python3 -m pytest -v -rfs tests/ops/test_short_conv.py tests/ops/test_cross_entropy.py \
+    tests/model/test_loss.py > "$OUT/proj/tests.log" 2>&1 || status=1
 timeout -s INT 200 python3 -m pytest -v -rfs --durations=15 tests/ops/test_proj_out.py tests/ops/test_proj_in.py \
     tests/ops/test_gdn_proj_in.py tests/ops/test_mamba2_proj_in.py -k "bf16 or saves or wiring or refus or overflow" \
     >> "$OUT/proj/tests.log" 2>&1 || status=1
