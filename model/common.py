@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from model.config import ModelConfig
 from model.loss import linear_cross_entropy
 from ops import BackendError, fused_label, get_op, parse_fuse
+from ops.common.short_conv import short_conv_ref
 
 
 class RMSNorm(nn.Module):
@@ -67,8 +68,8 @@ class ShortConv(nn.Module):
         self.conv = nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        T = x.shape[1]
-        return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
+        # the layers' projection-chain ops read self.conv's parameters; this is their PyTorch computation
+        return short_conv_ref(x, self.conv.weight, self.conv.bias)
 
 
 def init_ssm_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
@@ -83,7 +84,7 @@ def init_ssm_decay_(A_log: torch.Tensor, dt_bias: torch.Tensor) -> None:
 def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Callable, str]:
     """`op` on cfg.backend with cfg.fuse's components, and the label the run log records for it
     (`fused[chunk]` names what is actually fused). Mixers call this once, when constructed.
-    has_proj: the mixer also resolves a projection-chain op (resolve_proj); without one, naming
+    has_proj: the mixer also resolves projection-chain ops (resolve_chain); without them, naming
     `proj` in --fuse is an error rather than a silently unfused projection."""
     fuse = parse_fuse(cfg.fuse)
     if fuse is not None and "proj" in fuse and not has_proj:
@@ -102,6 +103,18 @@ def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
         proj = frozenset({"proj"})
         return get_op(op, "fused", proj), fused_label(op, "fused", proj)
     return get_op(op, "naive"), "naive"
+
+
+def resolve_chain(cfg: ModelConfig, op: str,
+                  proj_in_op: str) -> tuple[Callable, Callable, Callable, dict[str, str]]:
+    """A mixer with a projection chain (GLA, Gated DeltaNet, Mamba-2): its op, its input-side op `proj_in_op` and
+    the shared output side `proj_out`, and the backends the run log records: the proj ops only when fused (the
+    naive chain is what every other run has always run)."""
+    mixer, label = resolve_op(cfg, op, has_proj=True)
+    proj_in, in_label = resolve_proj(cfg, proj_in_op)
+    proj_out, out_label = resolve_proj(cfg, "proj_out")
+    fused = {name: lab for name, lab in ((proj_in_op, in_label), ("proj_out", out_label)) if lab != "naive"}
+    return mixer, proj_in, proj_out, {op: label, **fused}
 
 
 class CausalLM(nn.Module):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_, resolve_op, resolve_proj
+from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_, resolve_chain
 from model.config import ModelConfig
 
 
@@ -38,12 +38,8 @@ class GatedDeltaNetMixer(nn.Module):
         self.o_norm = RMSNorm(V, cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
-        self.gated_delta, label = resolve_op(cfg, "gated_delta", has_proj=True)
-        self.proj_in, in_label = resolve_proj(cfg, "gdn_proj_in")
-        self.proj_out, out_label = resolve_proj(cfg, "proj_out")
-        # the log names the proj ops only when fused: the naive chain is what every other run has always run
-        proj = {op: lab for op, lab in (("gdn_proj_in", in_label), ("proj_out", out_label)) if lab != "naive"}
-        self.resolved_ops = {"gated_delta": label, **proj}
+        self.gated_delta, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "gated_delta",
+                                                                                         "gdn_proj_in")
         self.adds_residual = True                                            # proj_out adds the block's residual
 
     def init_extra(self) -> None:

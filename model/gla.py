@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from model.common import CausalLM, RMSNorm, resolve_op, resolve_proj
+from model.common import CausalLM, RMSNorm, resolve_chain
 from model.config import ModelConfig
 
 
@@ -32,12 +32,7 @@ class GLAMixer(nn.Module):
         self.o_norm = RMSNorm(V, cfg.norm_eps)                              # per head, weight shared by heads
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
-        self.gla, label = resolve_op(cfg, "gla", has_proj=True)
-        self.proj_in, in_label = resolve_proj(cfg, "proj_in")
-        self.proj_out, out_label = resolve_proj(cfg, "proj_out")
-        # the log names the proj ops only when fused: the naive chain is what every other run has always run
-        proj = {op: lab for op, lab in (("proj_in", in_label), ("proj_out", out_label)) if lab != "naive"}
-        self.resolved_ops = {"gla": label, **proj}
+        self.gla, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "gla", "proj_in")
         self.adds_residual = True                                           # proj_out adds the block's residual
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

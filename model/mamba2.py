@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_op, resolve_proj
+from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_chain
 from model.config import ModelConfig
 
 
@@ -35,12 +35,7 @@ class Mamba2Mixer(nn.Module):
         self.norm = RMSNorm(d_inner, cfg.norm_eps)
         self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=False)
         self.out_proj.residual_out = True
-        self.ssd, label = resolve_op(cfg, "ssd", has_proj=True)
-        self.proj_in, in_label = resolve_proj(cfg, "mamba2_proj_in")
-        self.proj_out, out_label = resolve_proj(cfg, "proj_out")
-        # the log names the proj ops only when fused: the naive chain is what every other run has always run
-        proj = {op: lab for op, lab in (("mamba2_proj_in", in_label), ("proj_out", out_label)) if lab != "naive"}
-        self.resolved_ops = {"ssd": label, **proj}
+        self.ssd, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "ssd", "mamba2_proj_in")
         self.adds_residual = True                                            # proj_out adds the block's residual
 
     def init_extra(self) -> None:

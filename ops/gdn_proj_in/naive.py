@@ -12,12 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-
-def causal_conv_silu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """model.common.ShortConv as a function: x [B, T, C], weight [C, 1, W] (nn.Conv1d's), bias [C] → [B, T, C]."""
-    T, W = x.shape[1], weight.shape[-1]
-    return F.silu(F.conv1d(x.transpose(1, 2), weight, bias, padding=W - 1, groups=weight.shape[0])[..., :T]
-                  .transpose(1, 2))
+from ops.common.short_conv import short_conv_ref
 
 
 def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
@@ -29,9 +24,10 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     Returns q, k [B, T, H, K] and v [B, T, H, V] (one dtype: v's), g, β [B, T, H] fp32 and r [B, T, H·V]."""
     B, T, _ = x.shape
     H = n_heads
-    q = F.normalize(causal_conv_silu(F.linear(x, w_q), conv_q).view(B, T, H, -1), dim=-1, eps=1e-6)
-    k = F.normalize(causal_conv_silu(F.linear(x, w_k), conv_k).view(B, T, H, -1), dim=-1, eps=1e-6)
-    v = causal_conv_silu(F.linear(x, w_v), conv_v).view(B, T, H, -1)
+    # ShortConv, then F.normalize per head (eps 1e-6), as the layer ran them
+    q = short_conv_ref(F.linear(x, w_q), conv_q, head_dim=w_q.shape[0] // H).view(B, T, H, -1)
+    k = short_conv_ref(F.linear(x, w_k), conv_k, head_dim=w_k.shape[0] // H).view(B, T, H, -1)
+    v = short_conv_ref(F.linear(x, w_v), conv_v).view(B, T, H, -1)
     # CUDA autocast runs F.normalize in fp32; the mixer ops take q, k, v in one dtype
     q, k = q.to(v.dtype), k.to(v.dtype)
     beta = F.linear(x, w_b).float().sigmoid()                                          # [B, T, H]

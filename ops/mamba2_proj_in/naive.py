@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ops.gdn_proj_in.naive import causal_conv_silu
+from ops.common.short_conv import short_conv_ref
 
 
 def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, conv_b: torch.Tensor | None,
@@ -20,5 +20,5 @@ def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, co
     Returns z [B, T, d_inner], x [B, T, d_inner], B, C [B, T, d_state] and dt [B, T, H] fp32."""
     H = dt_bias.shape[0]
     z, xBC, dt = F.linear(u, w_in).split([d_inner, d_inner + 2 * d_state, H], -1)
-    x, Bm, Cm = causal_conv_silu(xBC, conv_w, conv_b).split([d_inner, d_state, d_state], -1)
+    x, Bm, Cm = short_conv_ref(xBC, conv_w, conv_b).split([d_inner, d_state, d_state], -1)
     return z, x, Bm, Cm, F.softplus(dt.float() + dt_bias)
