@@ -11,7 +11,7 @@ import torch
 
 from ops import get_op
 from ops.mamba2_proj_in import fused, naive
-from tests.helpers import rel_err
+from tests.helpers import assert_proj_model_equals_naive_fp32, rel_err
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("exact_fp32_matmuls")
@@ -45,7 +45,8 @@ def run(fn, inputs, d_inner, d_state, dys=None):
 SHAPES = [(2, 13, 24, 32, 8, 4, 4, True), (1, 3, 16, 16, 16, 1, 4, True), (1, 19, 20, 24, 4, 3, 2, False)]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}d{}di{}ds{}H{}W{}{}".format(*s[:7], "" if s[7] else "-nob"))
+@pytest.mark.parametrize("shape", SHAPES,
+                         ids=lambda s: "B{}T{}d{}di{}ds{}H{}W{}{}".format(*s[:7], "" if s[7] else "-nob"))
 def test_fused_matches_naive_fp32(shape, device, poison_empty):
     """fp32, exact dots: every output and gradient within 1e-5 (DESIGN §6)."""
     *dims, W, bias = shape
@@ -75,22 +76,12 @@ def test_registry_and_model_wiring():
 
 
 def test_model_with_fused_proj_equals_naive_fp32():
-    """A Mamba-2 model with only `proj` fused (the SSD on `chunk`'s stages) against the naive model: loss,
-    logits and every parameter's gradient (the gate-first norm over d_inner included). T ragged, 2 groups."""
-    from eval.equivalence import run_backend
-    from model import build_model
+    """A Mamba-2 model with only `proj` fused (the SSD on `chunk`'s stages) against the naive model (tests.helpers),
+    the gate-first norm over d_inner included. T ragged, 2 groups."""
     from model.config import ModelConfig
 
-    cfg = ModelConfig(family="mamba2", vocab_size=61, n_layers=2, d_model=16, expand=2, ssm_head_dim=8,
-                      ssm_state=8, ssm_groups=2)
-    torch.manual_seed(0)
-    idx = torch.randint(0, cfg.vocab_size, (1, 21))
-    state = build_model(cfg).state_dict()
-    ref = run_backend(cfg, state, idx, bf16=False)
-    got = run_backend(dataclasses.replace(cfg, backend="fused", fuse="proj"), state, idx, bf16=False)
-    assert abs(got["loss"] - ref["loss"]) < 1e-5 and rel_err(got["logits"], ref["logits"]) < 1e-5
-    bad = {n: e for n, g in got["grads"].items() if not (e := rel_err(g, ref["grads"][n])) < 1e-4}
-    assert not bad and got["grads"].keys() == ref["grads"].keys(), bad
+    assert_proj_model_equals_naive_fp32(ModelConfig(family="mamba2", vocab_size=61, n_layers=2, d_model=16, expand=2,
+                                                    ssm_head_dim=8, ssm_state=8, ssm_groups=2), 20)
 
 
 # ---- the GPU: bf16 at Mamba2-370M's layer (d 1024, d_inner 2048, N 128, 32 heads), 130M's and a ragged one ----
