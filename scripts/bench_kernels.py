@@ -122,6 +122,7 @@ def gdn_case(name, **d):
 CASES = [
     gla_case("mve", B=16, T=2048, H=12, K=64, V=64),
     gla_case("gla340m_layer", B=8, T=2048, H=4, K=256, V=512),
+    gla_case("gla340m_model", B=8, T=2048, H=4, K=128, V=256),      # configs/gla_340m.yaml's layer
     gla_case("state_shape", B=16, T=2048, H=16, K=64, V=64),
     ssd_case("mamba2", B=8, T=2048, H=24, P=64, G=1, N=128),
     gdn_case("gdn_mve", B=16, T=2048, H=16, K=64, V=64),
@@ -178,16 +179,17 @@ def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
 
 def plan_floor_ms(case: Case, backend: str) -> tuple[float, float | None] | None:
     """The data-movement model's floors (ops/common/movement.py, H100) for this backend's own kernel
-    plan, forward and forward+backward, where it has them: chunk and fused for GLA (the fused forward
-    at the tiles the model picks for it), chunk's forward for SSD (B, C expanded per head, as
-    ops/ssd/chunk.py does)."""
-    from ops.common.movement import H100, Shape, choose, chunk_bwd_plan, chunk_plan, fused_bwd_plan
+    plan, forward and forward+backward, where it has them: chunk and fused for GLA (the fused forward:
+    the scan at the tiles the model picks for it, or chunk's where the model says the scan does not
+    pay, as ops.gla.fused does), chunk's forward for SSD (B, C expanded per head, as ops/ssd/chunk.py does)."""
+    from ops.common.movement import H100, Shape, choose, chunk_bwd_plan, chunk_plan, fused_bwd_plan, scan_pays
 
     d = case.dims
     if case.op == "gla" and backend in ("chunk", "fused"):
         s = Shape(d["B"], d["T"], d["H"], d["K"], d["V"])
-        fwd = chunk_plan(s) if backend == "chunk" else choose(s, H100, v_inner=(False,))[0]
-        bwd = chunk_bwd_plan(s) if backend == "chunk" else fused_bwd_plan(s)
+        scan = backend == "fused" and scan_pays(s.B, s.T, s.H, s.K, s.V, s.C, s.elem)
+        fwd = choose(s, H100)[0] if scan else chunk_plan(s)
+        bwd = chunk_bwd_plan(s) if backend == "chunk" else fused_bwd_plan(s, 64 if s.K <= 64 else 32)
         return fwd.floor_s(H100) * 1e3, (fwd.floor_s(H100) + bwd.floor_s(H100)) * 1e3
     if case.op == "ssd" and backend == "chunk":
         return chunk_plan(Shape(d["B"], d["T"], d["H"], d["N"], d["P"], scalar_decay=True)).floor_s(H100) * 1e3, None

@@ -4,10 +4,9 @@ stage's time, to localise a GPU-only error or find where the time goes.
     python scripts/debug_chunk_stages.py                  # check, then time at the kernel benchmark's GLA shapes
     python scripts/debug_chunk_stages.py --check-only
     python scripts/debug_chunk_stages.py --sweep          # forward stages over num_warps x num_stages
-    python scripts/debug_chunk_stages.py --sweep-fused    # the fused kernels over tiles x warps x stages
-The fused kernels of [F] (ops/common/fused_chunk.py: the output, dv, and dq dk db) are checked and
-timed beside the stages they replace; --sweep-fused compares the data-movement model's forward tile
-choice with a small exhaustive sweep.
+The sub-block backward kernels of [F] (ops/common/fused_chunk.py: dv, and dq dk db) are checked and
+timed beside the stages they replace, and the fused scan's forward and backward (fused_scan.py,
+fused_scan_bwd.py) beside chunk's; scripts/sweep_fused_scan.py sweeps the scan's launches.
 """
 from __future__ import annotations
 
@@ -25,7 +24,9 @@ from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_i
 from ops.common.chunk_o import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref)
 from ops.common.cumsum import chunk_cumsum
-from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
+from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
+from ops.common.fused_scan import fused_scan_fwd
+from ops.common.fused_scan_bwd import fused_scan_bwd
 
 C = 64
 
@@ -62,8 +63,9 @@ def check(B, T, H, K, V, scalar=False):
             "o": rel(chunk_fwd_o(q, v, b, h, A, s, C), chunk_fwd_o_ref(q, v, b, h, A, s, C)),
             "dh": rel(dh, chunk_bwd_dh_ref(q, do, b, None, s, C)[0]), "dA": rel(dA, chunk_bwd_dA_ref(do, v, C)),
             "dv": rel(chunk_bwd_dv(k, b, A, do, dh, C), chunk_bwd_dv_ref(k, b, A, do, dh, C))}
-    if not scalar:                                      # the [F] fused output kernel: o without A in HBM
-        errs["fused o"] = rel(fused_chunk_fwd(q, k, v, b, h, s, C), chunk_fwd_o_ref(q, v, b, h, A, s, C))
+    if not scalar:                                      # the [F] scan: o without A, h or b in HBM
+        errs["fused scan o"] = rel(fused_scan_fwd(q, k, v, x["g"], s, None, False, C, False)[0],
+                                   chunk_fwd_o_ref(q, v, b, h, A, s, C))
     ref = chunk_intra_bwd_ref(q, k, b, dA, s, C)
     errs["intra dq"], errs["intra dk"] = rel(x["dqi"], ref[0]), rel(x["dki"], ref[1])
     for name, y in zip(("dq", "dk", "db"), chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, x["dqi"], x["dki"], s, C)):
@@ -88,7 +90,7 @@ def timings(B, T, H, K, V):
         "fwd h": lambda: chunk_fwd_h(k, v, b, None, False, C),
         "fwd intra A": lambda: chunk_intra_fwd(q, k, b, s, C),
         "fwd o": lambda: chunk_fwd_o(q, v, b, h, A, s, C),
-        "(fwd fused o)": lambda: fused_chunk_fwd(q, k, v, b, h, s, C),
+        "(fwd fused scan)": lambda: fused_scan_fwd(q, k, v, g, s, None, False, C, True),
         "bwd dh": lambda: chunk_bwd_dh(q, do, b, None, False, s, C),
         "bwd dA": lambda: chunk_bwd_dA(do, v, C),
         "bwd dv": lambda: chunk_bwd_dv(k, b, A, do, dh, C),
@@ -97,9 +99,10 @@ def timings(B, T, H, K, V):
         "bwd dg cumsum": lambda: chunk_cumsum(x["db"], C, reverse=True),
         "(bwd fused dv)": lambda: fused_chunk_bwd_dv(q, k, b, do, dh, s, C),
         "(bwd fused dq dk db)": lambda: fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, s, C),
+        "(bwd fused scan)": lambda: fused_scan_bwd(q, k, v, b, h, do, dh, s, C),
     }
-    # the fused plan: the shared stages plus its own kernels in place of those it replaces
-    fused_plan = {"fwd cumsum", "fwd h", "(fwd fused o)", "bwd dh", "(bwd fused dv)", "(bwd fused dq dk db)", "bwd dg cumsum"}
+    # the fused plan: the scan, the dh pass, the scan's backward, dg's cumsum
+    fused_plan = {"(fwd fused scan)", "bwd dh", "(bwd fused scan)", "bwd dg cumsum"}
     print(f"B{B} T{T} H{H} K{K} V{V} (bf16), do_bench median ms:")
     total = {"fwd": 0.0, "bwd": 0.0}
     fused = {"fwd": 0.0, "bwd": 0.0}
@@ -122,8 +125,7 @@ def sweep(B, T, H, K, V):
     q, k, v, b, h, A, s = (x[n] for n in ("q", "k", "v", "b", "h", "A", "scale"))
     stages = {"h": lambda **kw: chunk_fwd_h(k, v, b, None, False, C, **kw)[0],
               "intra A": lambda **kw: chunk_intra_fwd(q, k, b, s, C, **kw),
-              "o": lambda **kw: chunk_fwd_o(q, v, b, h, A, s, C, **kw),
-              "fused o": lambda **kw: fused_chunk_fwd(q, k, v, b, h, s, C, **kw)}
+              "o": lambda **kw: chunk_fwd_o(q, v, b, h, A, s, C, **kw)}
     print(f"B{B} T{T} H{H} K{K} V{V} (bf16) forward stages, median ms by num_warps x num_stages:")
     for name, fn in stages.items():
         ref, row = fn(), []
@@ -136,57 +138,11 @@ def sweep(B, T, H, K, V):
               flush=True)
 
 
-def sweep_fused(B, T, H, K, V):
-    """The fused kernels over tiles x warps x stages (each checked against its default launch): the
-    model's forward choice (movement.kernel_tiles) against the best the sweep finds."""
-    from triton.testing import do_bench
-
-    from ops.common.movement import kernel_tiles
-
-    x = run_stages(B, T, H, K, V)
-    q, k, v, b, h, do, dh, s = (x[n] for n in ("q", "k", "v", "b", "h", "do", "dh", "scale"))
-    kernels = {"fused o": lambda **kw: fused_chunk_fwd(q, k, v, b, h, s, C, **kw),
-               "fused dv": lambda **kw: fused_chunk_bwd_dv(q, k, b, do, dh, s, C, **kw),
-               "fused dq dk db": lambda **kw: fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, s, C, **kw)[0]}
-    dims = lambda D: [t for t in (32, 64, 128) if t <= max(32, D)]  # noqa: E731
-    t = kernel_tiles(B, T, H, K, V, C, 2)
-    print(f"B{B} T{T} H{H} K{K} V{V} (bf16); the model picks BK{t.BK} BV{t.BV} w{t.num_warps} s{t.num_stages} for the output")
-    for name, fn in kernels.items():
-        ref, results = fn(), []
-        for bk in dims(K):
-            for bv in dims(V):
-                for nw in (4, 8):
-                    # dq dk db stays unpipelined: with num_stages 2 one configuration here hit an illegal
-                    # memory access on the H100 (Triton 3.6), which kills the CUDA context for the rest
-                    # of the sweep; its V loop is the one chunk_bwd_dA keeps at 1 stage (GPU.md).
-                    for ns in ((1,) if name == "fused dq dk db" else (1, 2)):
-                        kw = dict(BK=bk, BV=bv, num_warps=nw, num_stages=ns)
-                        try:
-                            err = rel(fn(**kw), ref)
-                            ms = do_bench(lambda: fn(**kw), warmup=10, rep=50, return_mode="median")
-                        except Exception as e:          # out of shared memory or registers: a row, not a crash
-                            results.append((float("inf"), kw, f"{type(e).__name__}"))
-                            continue
-                        results.append((ms, kw, "" if err < 1e-2 else f"WRONG {err:.1e}"))
-        default = do_bench(fn, warmup=10, rep=50, return_mode="median")
-        ok = sorted((r for r in results if not r[2]), key=lambda r: r[0])
-        best = ok[0] if ok else (float("nan"), {}, "")
-        print(f"  {name:<15} default {default:.3f} ms; best {best[0]:.3f} ms at {best[1]} "
-              f"(default ÷ best {default / best[0]:.2f}); "
-              + "; ".join(f"{kw['BK']}/{kw['BV']}/w{kw['num_warps']}s{kw['num_stages']} {ms:.3f}{' ' + why if why else ''}"
-                          for ms, kw, why in results), flush=True)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check-only", action="store_true")
     p.add_argument("--sweep", action="store_true", help="only the forward launch-config sweep")
-    p.add_argument("--sweep-fused", action="store_true", help="only the fused kernels' tile sweep")
     args = p.parse_args()
-    if args.sweep_fused:
-        for shape in [(16, 2048, 12, 64, 64), (8, 2048, 4, 256, 512)]:
-            sweep_fused(*shape)
-        return
     if args.sweep:
         for shape in [(8, 2048, 4, 256, 512), (16, 2048, 12, 64, 64)]:
             sweep(*shape)

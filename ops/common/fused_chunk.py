@@ -1,8 +1,8 @@
-"""The fused chunk kernels of issue [F] (per-key-dim decay, GLA). Forward: one launch per
-(V tile, chunk) forms the intra-chunk scores in registers and writes o, where `chunk` writes A
-[B, T, H, C] to HBM in one kernel and reads it back in the next. Backward: two launches that
-recompute the scores instead of reading A, and form dA = do vᵀ in registers instead of writing it:
-dv (per V tile) and dq, dk, db (per K tile; `chunk` needs four launches and two C-wide round trips).
+"""The sub-block backward kernels of issue [F] (per-key-dim decay, GLA): the backward of the chunks whose
+decay is too strong for fused_scan_bwd.py's factorised scores (that module launches them with its
+threshold; at min_range < 0 they take every chunk, as the tests run them). Two launches that recompute
+the scores instead of reading A, and form dA = do vᵀ in registers instead of writing it: dv (per V tile)
+and dq, dk, db (per K tile; `chunk` needs four launches and two C-wide round trips).
 
     o_i = scale (q_i ⊙ exp(b_i)) h_n  +  Σ_{j ≤ i in the chunk} S̃_ij v_j,
     S̃_ij = scale Σ_d q_id k_jd exp(b_id − b_jd)
@@ -11,11 +11,10 @@ S̃ is built one key block J (BC rows) at a time, never with a positive exponent
 - rows below block J (i > last row ℓ of J): factorised around ℓ, q_i ⊙ exp(b_i − b_ℓ) against
   k_j ⊙ exp(b_ℓ − b_j); both factors ≤ 1 since b is non-increasing. One [C, BC] dot per K tile
   covers every such row, where chunk_intra.py factorises per (row block, key block) pair.
-- inside block J (j ≤ i, both in J): chunk_intra.py's elementwise _diag_scores, then moved to
-  the block's rows of o through a [C, BC] 0/1 selection matrix (a tensor-core dot; Triton cannot
-  assign into a slice of a tile).
+- inside block J (j ≤ i, both in J): elementwise, as chunk_intra.py, then moved to the block's rows
+  through a [C, BC] 0/1 selection matrix (a tensor-core dot; Triton cannot assign into a slice of a tile).
 tests/ops/test_fused_chunk.py checks each kernel against the `chunk` stages it replaces (each tested
-against naive); tests/ops/test_gla.py checks the `fused` backend against the recurrence.
+against naive); tests/ops/test_fused_scan.py checks them inside the `fused` backend.
 """
 from __future__ import annotations
 
@@ -27,137 +26,78 @@ import triton.language as tl
 
 from ops.common.chunk_intra import _diag_scores, _load_rows, _load_rows_t
 from ops.common.chunk_o import _state_grads
-from ops.common.movement import kernel_tiles
 from ops.common.tiles import dot_precision, tile
-
-
-@triton.jit
-def fused_chunk_fwd_kernel(q, k, v, b, h, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           PREC: tl.constexpr):
-    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):                                  # the incoming state's share
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-        b_qd = b_q * tl.exp(_load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)) * scale
-        b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0.0)
-        b_o += tl.dot(b_qd.to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PREC)
-    o_s = tl.arange(0, BC)
-    for i_j in range(BT // BC):
-        j0 = i_t * BT + i_j * BC
-        if j0 < T:
-            o_j = j0 + o_s
-            m_j = o_j < T
-            last = tl.minimum(j0 + BC, T) - 1                          # ℓ: block J's last valid row
-            b_vj = _load_rows(v, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
-            b_s = tl.zeros([BT, BC], dtype=tl.float32)                 # rows below J
-            below = (o_c >= (i_j + 1) * BC) & m_t
-            for i_k in range(tl.cdiv(K, BK)):
-                o_k = i_k * BK + tl.arange(0, BK)
-                m_k = o_k < K
-                b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-                b_bq = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-                b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-                b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
-                b_bjt = _load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                b_qg = b_q * tl.exp(tl.where(below[:, None], b_bq - b_bl[None, :], float("-inf")))
-                b_kg = b_kt * tl.exp(tl.where(m_j[None, :], b_bl[:, None] - b_bjt, float("-inf")))
-                b_s += tl.dot(b_qg, b_kg, input_precision=PREC)
-            b_d = _diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                         # inside J
-            b_o += tl.dot((b_s * scale).to(b_vj.dtype), b_vj, input_precision=PREC)
-            b_dv = tl.dot((b_d * scale).to(b_vj.dtype), b_vj, input_precision=PREC)                 # [BC, BV]
-            select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
-            b_o += tl.dot(select, b_dv, input_precision="ieee")
-    tl.store(o + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
-
-
-def fused_chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
-                    scale: float, chunk_size: int, sub_chunk: int = 16, **launch) -> torch.Tensor:
-    """q, k, b: [B, T, H, K] (b fp32, the chunk-local cumsum of the log-decay, per key dim);
-    v: [B, T, H, V]; h: [B, NT, H, K, V] the state entering each chunk (chunk_h.chunk_fwd_h).
-    Returns o [B, T, H, V] in v's dtype, equal to chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b)).
-    Tiles and launch come from the data-movement model (movement.kernel_tiles); launch may override
-    BK, BV, num_warps, num_stages (sweeps)."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    if b.shape[-1] != K:
-        raise ValueError(f"fused_chunk_fwd takes a per-key-dim decay [B, T, H, {K}]; a scalar decay already "
-                         "forms A inside chunk_o.chunk_fwd_o_scalar")
-    t = kernel_tiles(B, T, H, K, V, chunk_size, v.element_size(), device_model(q.device))
-    BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", t.BK), launch.pop("BV", t.BV)
-    o = torch.empty_like(v)
-    grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
-    fused_chunk_fwd_kernel[grid](q, k, v, b, h, o, scale, T, h.shape[1], H, K, V, chunk_size, BC, BK, BV,
-                                 dot_precision(v), **(dict(num_warps=t.num_warps, num_stages=t.num_stages) | launch))
-    return o
 
 
 @functools.lru_cache(maxsize=None)
 def device_model(device: torch.device) -> str:
     """Which of movement.py's device budgets to plan tiles for: sm80 gets the A100's, anything else
-    (sm90, and the interpreter) the H100's. Cached: the forward asks on every call."""
+    (sm90, and the interpreter) the H100's. Cached: every forward asks."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) == (8, 0):
         return "A100"
     return "H100"
 
 
 @triton.jit
+def chunk_decay(b, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """A chunk's largest total decay, max over every key dim of −b_L (b at its last row): what decides
+    between fused_scan's factorised path (≤ its MAX_RANGE) and the sub-block kernels below (above it)."""
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    r = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        r = tl.maximum(r, -tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=o_k < K, other=0.0))
+    return tl.max(r, axis=0)
+
+
+@triton.jit
 def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                               V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                              BV: tl.constexpr, PREC: tl.constexpr):
+                              BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr):
     """dv_j = Σ_{i ≥ j} A_ij do_i + (k_j ⊙ exp(b_L − b_j)) dh_{n+1}, one key block J at a time: the
     rows of J are exactly the rows of dv it finishes, so it stores them directly."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    chunk_last = tl.minimum(i_t * BT + BT, T) - 1
-    b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-    o_s = tl.arange(0, BC)
-    for i_j in range(BT // BC):
-        j0 = i_t * BT + i_j * BC
-        if j0 < T:
-            o_j = j0 + o_s
-            m_j = o_j < T
-            last = tl.minimum(j0 + BC, T) - 1
-            below = (o_c >= (i_j + 1) * BC) & m_t
-            b_st = tl.zeros([BC, BT], dtype=tl.float32)                # A[below rows, J]ᵀ, unscaled
-            b_dv = tl.zeros([BC, BV], dtype=tl.float32)
-            for i_k in range(tl.cdiv(K, BK)):
-                o_k = i_k * BK + tl.arange(0, BK)
-                m_k = o_k < K
-                b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-                b_qt = _load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)  # [BK, BT]
-                b_bqt = _load_rows_t(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-                b_kg = b_k.to(tl.float32) * tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))
-                b_qgt = b_qt * tl.exp(tl.where(below[None, :], b_bqt - b_bl[:, None], float("-inf")))
-                b_st += tl.dot(b_kg, b_qgt, input_precision=PREC)
-                b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-                b_kd = b_k * tl.exp(tl.where(m_j[:, None], b_bL[None, :] - b_bj, 0.0))
-                b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                               mask=m_k[:, None] & m_v[None, :], other=0.0)
-                b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
-            b_dv += tl.dot((b_st * scale).to(b_do.dtype), b_do, input_precision=PREC)
-            b_d = _diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                          # inside J
-            b_doj = _load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
-            b_dv += tl.dot(tl.trans((b_d * scale).to(b_doj.dtype)), b_doj, input_precision=PREC)
-            tl.store(dv + ((i_b * T + o_j[:, None]) * H + i_h) * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
-                     mask=m_j[:, None] & m_v[None, :])
+    if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MINR:   # every chunk at MINR < 0
+        o_c = tl.arange(0, BT)
+        o_t = i_t * BT + o_c
+        m_t = o_t < T
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        chunk_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        o_s = tl.arange(0, BC)
+        for i_j in range(BT // BC):
+            j0 = i_t * BT + i_j * BC
+            if j0 < T:
+                o_j = j0 + o_s
+                m_j = o_j < T
+                last = tl.minimum(j0 + BC, T) - 1
+                below = (o_c >= (i_j + 1) * BC) & m_t
+                b_st = tl.zeros([BC, BT], dtype=tl.float32)                # A[below rows, J]ᵀ, unscaled
+                b_dv = tl.zeros([BC, BV], dtype=tl.float32)
+                for i_k in range(tl.cdiv(K, BK)):
+                    o_k = i_k * BK + tl.arange(0, BK)
+                    m_k = o_k < K
+                    b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                    b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                    b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                    b_qt = _load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)  # [BK, BT]
+                    b_bqt = _load_rows_t(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+                    b_kg = b_k.to(tl.float32) * tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))
+                    b_qgt = b_qt * tl.exp(tl.where(below[None, :], b_bqt - b_bl[:, None], float("-inf")))
+                    b_st += tl.dot(b_kg, b_qgt, input_precision=PREC)
+                    b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                    b_kd = b_k * tl.exp(tl.where(m_j[:, None], b_bL[None, :] - b_bj, 0.0))
+                    b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                                   mask=m_k[:, None] & m_v[None, :], other=0.0)
+                    b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
+                b_dv += tl.dot((b_st * scale).to(b_do.dtype), b_do, input_precision=PREC)
+                b_d = _diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                          # inside J
+                b_doj = _load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
+                b_dv += tl.dot(tl.trans((b_d * scale).to(b_doj.dtype)), b_doj, input_precision=PREC)
+                tl.store(dv + ((i_b * T + o_j[:, None]) * H + i_h) * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
+                         mask=m_j[:, None] & m_v[None, :])
 
 
 @triton.jit
@@ -174,110 +114,116 @@ def _row(x, j, BC: tl.constexpr):
 @triton.jit
 def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, H: tl.constexpr,
                                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                               BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                               BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr):
     """dq, dk, db for one K tile of one chunk: the intra-chunk terms from dA = do vᵀ, formed here one
     key block J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in
     the forward, then the state terms (chunk_o._state_grads, as chunk_bwd_dqkb). Each key
     block's contributions reach the chunk-wide accumulators through 0/1 selection dots."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, BT)
-    o_t = i_t * BT + o_c
-    m_t = o_t < T
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    chunk_last = tl.minimum(i_t * BT + BT, T) - 1
-    b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-    b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-    b_b = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)             # intra-chunk, unscaled
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    o_s = tl.arange(0, BC)
-    for i_j in range(BT // BC):
-        j0 = i_t * BT + i_j * BC
-        if j0 < T:
-            o_j = j0 + o_s
-            m_j = o_j < T
-            last = tl.minimum(j0 + BC, T) - 1
-            below = (o_c >= (i_j + 1) * BC) & m_t
-            b_dA = tl.zeros([BT, BC], dtype=tl.float32)     # do vᵀ, column block J
-            b_dAd = tl.zeros([BC, BC], dtype=tl.float32)    # its rows inside J
-            for i_v in range(tl.cdiv(V, BV)):
-                o_v = i_v * BV + tl.arange(0, BV)
-                m_v = o_v < V
-                b_vt = _load_rows_t(v, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)                   # [BV, BC]
-                b_dA += tl.dot(_load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
-                b_dAd += tl.dot(_load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
-            b_dA = tl.where(below[:, None], b_dA, 0.0)
-            b_dAd = tl.where((o_s[:, None] >= o_s[None, :]) & m_j[:, None], b_dAd, 0.0)
-            b_kj = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
-            b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-            b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-            e_j = tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))            # ≤ 1
-            e_i = tl.exp(tl.where(below[:, None], b_b - b_bl[None, :], float("-inf")))           # ≤ 1
-            b_dq += e_i * tl.dot(b_dA, b_kj * e_j, input_precision=PREC)
-            b_dkj = e_j * tl.dot(tl.trans(b_dA), b_q * e_i, input_precision=PREC)                 # [BC, BK]
-            b_qj = _load_rows(q, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
-            b_dqj = tl.zeros([BC, BK], dtype=tl.float32)
-            for j in range(BC):                             # inside J, elementwise, as chunk_intra_bwd
-                t_j = j0 + j
-                m_jk = m_k & ((o_k * 0 + t_j) < T)
-                b_kr = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-                b_qr = tl.load(q + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-                b_br = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
-                live = (o_s * 0 + t_j) < T
-                e_col = tl.exp(tl.where((o_s >= j)[:, None] & m_j[:, None], b_bj - b_br[None, :], float("-inf")))
-                e_row = tl.exp(tl.where((o_s <= j)[:, None] & m_j[:, None] & live[:, None], b_br[None, :] - b_bj,
-                                        float("-inf")))
-                b_dqj += _col(b_dAd, j, BC)[:, None] * b_kr[None, :] * e_col
-                b_dkj += _row(b_dAd, j, BC)[:, None] * b_qr[None, :] * e_row
-            select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
-            b_dq += tl.dot(select, b_dqj, input_precision="ieee")
-            b_dk += tl.dot(select, b_dkj, input_precision="ieee")
-    # the state terms, as chunk_bwd_dqkb forms them; after the key-block loop, so their two [BT, BK]
-    # accumulators are not live through it
-    b_dq_in, b_dk_in, b_hdh = _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
-                                           BT, BK, BV, PREC)
-    b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
-    b_dq = (b_dq + b_dq_in * tl.exp(b_b)) * scale
-    b_dk = b_dk * scale + b_dk_in
-    tail = b_hdh * tl.exp(b_bL) + tl.sum(b_k * b_dk_in, axis=0)     # the chunk's last row's extra terms
-    p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-    b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == chunk_last)[:, None], tail[None, :], 0.0)
-    tl.store(db + p, b_db, mask=m_tk)
-    tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MINR:   # every chunk at MINR < 0
+        o_c = tl.arange(0, BT)
+        o_t = i_t * BT + o_c
+        m_t = o_t < T
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        chunk_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_b = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_dq = tl.zeros([BT, BK], dtype=tl.float32)             # intra-chunk, unscaled
+        b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+        o_s = tl.arange(0, BC)
+        for i_j in range(BT // BC):
+            j0 = i_t * BT + i_j * BC
+            if j0 < T:
+                o_j = j0 + o_s
+                m_j = o_j < T
+                last = tl.minimum(j0 + BC, T) - 1
+                below = (o_c >= (i_j + 1) * BC) & m_t
+                b_dA = tl.zeros([BT, BC], dtype=tl.float32)     # do vᵀ, column block J
+                b_dAd = tl.zeros([BC, BC], dtype=tl.float32)    # its rows inside J
+                for i_v in range(tl.cdiv(V, BV)):
+                    o_v = i_v * BV + tl.arange(0, BV)
+                    m_v = o_v < V
+                    b_vt = _load_rows_t(v, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)                   # [BV, BC]
+                    b_dA += tl.dot(_load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
+                    b_dAd += tl.dot(_load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
+                b_dA = tl.where(below[:, None], b_dA, 0.0)
+                b_dAd = tl.where((o_s[:, None] >= o_s[None, :]) & m_j[:, None], b_dAd, 0.0)
+                b_kj = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+                b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                e_j = tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))            # ≤ 1
+                e_i = tl.exp(tl.where(below[:, None], b_b - b_bl[None, :], float("-inf")))           # ≤ 1
+                b_dq += e_i * tl.dot(b_dA, b_kj * e_j, input_precision=PREC)
+                b_dkj = e_j * tl.dot(tl.trans(b_dA), b_q * e_i, input_precision=PREC)                 # [BC, BK]
+                b_qj = _load_rows(q, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+                b_dqj = tl.zeros([BC, BK], dtype=tl.float32)
+                for j in range(BC):                             # inside J, elementwise, as chunk_intra_bwd
+                    t_j = j0 + j
+                    m_jk = m_k & ((o_k * 0 + t_j) < T)
+                    b_kr = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
+                    b_qr = tl.load(q + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
+                    b_br = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+                    live = (o_s * 0 + t_j) < T
+                    e_col = tl.exp(tl.where((o_s >= j)[:, None] & m_j[:, None], b_bj - b_br[None, :], float("-inf")))
+                    e_row = tl.exp(tl.where((o_s <= j)[:, None] & m_j[:, None] & live[:, None], b_br[None, :] - b_bj,
+                                            float("-inf")))
+                    b_dqj += _col(b_dAd, j, BC)[:, None] * b_kr[None, :] * e_col
+                    b_dkj += _row(b_dAd, j, BC)[:, None] * b_qr[None, :] * e_row
+                select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
+                b_dq += tl.dot(select, b_dqj, input_precision="ieee")
+                b_dk += tl.dot(select, b_dkj, input_precision="ieee")
+        # the state terms, as chunk_bwd_dqkb forms them; after the key-block loop, so their two [BT, BK]
+        # accumulators are not live through it
+        b_dq_in, b_dk_in, b_hdh = _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
+                                               BT, BK, BV, PREC)
+        b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
+        b_dq = (b_dq + b_dq_in * tl.exp(b_b)) * scale
+        b_dk = b_dk * scale + b_dk_in
+        tail = b_hdh * tl.exp(b_bL) + tl.sum(b_k * b_dk_in, axis=0)     # the chunk's last row's extra terms
+        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == chunk_last)[:, None], tail[None, :], 0.0)
+        tl.store(db + p, b_db, mask=m_tk)
+        tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
-def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16, **launch) -> torch.Tensor:
+def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16, min_range: float = -1.0,
+                       out: torch.Tensor | None = None, **launch) -> torch.Tensor:
     """dv [B, T, H, V] in do's dtype; dh [B, NT, H, K, V]: the gradient leaving each chunk
     (chunk_h.chunk_bwd_dh). Equal to chunk_o.chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b), do, dh).
+    min_range ≥ 0: only the chunks whose decay −b_L exceeds it, written into `out` (fused_scan_bwd.py).
     Tiles: the chunk stages' (≤ 64; movement.fused_bwd_plan counts what larger ones would save);
     launch may override BK, BV, num_warps, num_stages."""
     B, T, H, K = q.shape
     V = do.shape[-1]
     BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
-    dv = torch.empty_like(do)
+    dv = torch.empty_like(do) if out is None else out
     grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
     fused_chunk_bwd_dv_kernel[grid](q, k, b, do, dh, dv, scale, T, dh.shape[1], H, K, V, chunk_size, BC, BK, BV,
-                                    dot_precision(do), **launch)
+                                    dot_precision(do), float(min_range), **launch)
     return dv
 
 
 def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16,
+                        min_range: float = -1.0, out: tuple | None = None,
                         **launch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk (input dtypes) and db [B, T, H, K] fp32, as chunk_o.chunk_bwd_dqkb given the intra-chunk
-    gradients of chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v)): the three stages in one launch."""
+    gradients of chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v)): the three stages in one launch.
+    min_range and out as fused_chunk_bwd_dv's (out: dq, dk, db)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
-    db = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dq, dk, db = out or (torch.empty_like(q), torch.empty_like(k),
+                         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device))
     grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)
     # num_stages=1 by default: chunk_o.chunk_bwd_dA's do vᵀ loop over V tiles miscompiled on the H100
     # when software-pipelined (bf16, ≥ 3 V tiles); this kernel runs the same loop.
     fused_chunk_bwd_dqk_kernel[grid](q, k, v, b, h, do, dh, dq, dk, db, scale, T, dh.shape[1], H, K, V, chunk_size,
-                                     BC, BK, BV, dot_precision(do), **(dict(num_stages=1) | launch))
+                                     BC, BK, BV, dot_precision(do), float(min_range),
+                                     **(dict(num_stages=1) | launch))
     return dq, dk, db

@@ -6,10 +6,14 @@ fit on chip, take the cheapest. No measurement enters it; bench/results compares
 Plans for one layer's forward (q, k [B, T, H, K], v, o [B, T, H, V], chunk C, NT = ⌈T/C⌉ chunks):
 - `chunk` (today's backend, four launches): cumsum g → b; states h (reads k, v, b; writes h per
   chunk); intra (reads q, k, b; writes A [B, T, H, C]); output (reads q, b, h, A, v; writes o).
-- `fused`: states as above, then one kernel per (V tile, chunk) that forms S̃ = (Q Kᵀ) ⊙ M in
-  registers and writes o = S̃ V + (Q ⊙ Γ) h: A never reaches HBM. Every V tile re-reads its chunk's
-  q, k and b, unless `v_inner`: one program per chunk loops over the V tiles and keeps S̃ live.
-Tiles: BK | K and BV | V, multiples of 16 (tensor-core fragments), at most 128.
+- `fused` (fused_scan.py): one kernel, one program per (batch, head, V tile), scanning its chunks
+  with the state in registers: reads q, k, g once per V tile and v once, writes o and, for the
+  backward, b and the chunk states h. A, the states' round trip and the cumsum pass never reach HBM.
+  The grid is only B·H·V/BV programs, so the floor is stretched when they leave SMs idle.
+Tiles: BV | V, a multiple of 16 (tensor-core fragments), at most 128; the whole of K per program;
+num_warps from the register budget (the state [K, BV], the scores [C, C], o [C, BV] and the decayed
+q, k [C, K] are fp32 registers). No feasible tiling (K = 256 on the H100) means the scan does not pay:
+ops.gla.fused then runs chunk's parallel forward.
 The backward (per-key decay) is counted for both plans too (chunk_bwd_plan, fused_bwd_plan), at
 the tiles its kernels launch with; the model does not choose those yet.
 """
@@ -129,27 +133,21 @@ def chunk_plan(s: Shape) -> Prediction:
     return Prediction("chunk", None, _shared(s) + out)
 
 
-def fused_plan(s: Shape, t: Tiles, dev: Device) -> Prediction:
-    """The state pass, then the fused output kernel with tiles t; infeasible if it does not fit on chip."""
+def fused_plan(s: Shape, t: Tiles, dev: Device, save: bool = True) -> Prediction:
+    """The fused scan forward with V tiles t.BV (t.BK unused: every program holds all of K); `save`:
+    it also writes b and h for the backward. Infeasible if it does not fit on chip."""
     z = _sizes(s)
     NV = math.ceil(s.V / t.BV)
-    reread = 1 if t.v_inner else NV
-    fused = Kernel("fused output", reread * (2 * z["qk"] + z["b"]) + z["h"] + 2 * z["v"], _out_flops(s),
-                   s.B * s.H * s.NT * (1 if t.v_inner else NV))
-    p = Prediction("fused", t, _shared(s) + [fused])
+    scan = Kernel("fused scan", NV * (2 * z["qk"] + z["b"]) + 2 * z["v"] + (z["b"] + z["h"] if save else 0),
+                  _out_flops(s) + 2.0 * s.B * s.H * s.NT * s.C * s.K * s.V, s.B * s.H * NV)
+    p = Prediction("fused", t, [scan])
     threads = 32 * t.num_warps
-    # fp32 accumulators live in registers: the O tile [C, BV] and S̃, one 16-column key block at a
-    # time (fused_chunk.py), or all of S̃ [C, C] when it must stay live across the V loop (v_inner);
-    # operand tiles are staged through shared memory per pipeline stage: q, k [C, BK], b [C, BK]
-    # fp32, v [C, BV], h [BK, BV].
-    # Per-key decay: the decayed operand q ⊙ exp(b_i − b_ℓ) and its exponent are formed in registers,
-    # fp32 [C, BK] each, not staged through shared memory.
-    decayed = 0 if s.scalar_decay else 2 * s.C * t.BK
-    acc_regs = (s.C * (s.C if t.v_inner else 16) + s.C * t.BV + decayed) / threads
-    b_cols = 1 if s.scalar_decay else t.BK
-    smem = t.num_stages * (2 * s.C * t.BK * s.elem + s.C * b_cols * 4 + s.C * t.BV * s.elem + t.BK * t.BV * s.elem)
-    if acc_regs + 32 > dev.max_regs_per_thread:   # 32: addresses, indices, the decay row
-        p.feasible, p.why = False, f"{acc_regs:.0f} fp32 registers per thread for accumulators and decayed operands"
+    # fp32 registers: the state [K, BV], the scores [C, C], o [C, BV], the decayed q and k [C, K]
+    regs = (s.K * t.BV + s.C * s.C + s.C * t.BV + 2 * s.C * s.K) / threads
+    # shared memory: the dots' operands, q̃ and k̃ in two parts each (fused_scan.dot_split), A and v
+    smem = 4 * s.C * s.K * s.elem + s.C * s.C * s.elem + s.C * t.BV * s.elem
+    if regs + 32 > dev.max_regs_per_thread:       # 32: addresses, indices, the decay row
+        p.feasible, p.why = False, f"{regs:.0f} fp32 registers per thread for the state, scores and operands"
     elif smem > dev.smem_per_block:
         p.feasible, p.why = False, f"{smem / 1024:.0f} KB shared memory"
     return p
@@ -173,70 +171,77 @@ def chunk_bwd_plan(s: Shape) -> Prediction:
 
 
 def fused_bwd_plan(s: Shape, BK: int = 64, BV: int = 64) -> Prediction:
-    """The fused backward (ops/common/fused_chunk.py): the same dh pass, then dv recomputing the scores
-    per V tile (q, k, b re-read per V tile) and dq, dk, db recomputing dA = do vᵀ per K tile (v, do
-    re-read per K tile); neither A nor dA nor an fp32 partial reaches HBM."""
+    """The fused backward (fused_scan_bwd.py): the same dh pass, then per (K tile, chunk) dq, dk, db
+    from dA = do vᵀ (v, do re-read per K tile), with dv in the same kernel when K fits one tile, else
+    per (V tile, chunk) dv from Aᵀ over all of K (q, k, b re-read per V tile); then db's reverse
+    cumsum. Neither A nor dA nor an fp32 partial reaches HBM."""
     z, grid = _sizes(s), s.B * s.H * s.NT
     NK, NV = math.ceil(s.K / BK), math.ceil(s.V / BV)
     C, K, V = s.C, s.K, s.V
     b32 = s.B * s.T * s.H * s.K * 4
+    dqk = Kernel("dq, dk, db" + (", dv" if NK == 1 else ""), 4 * z["qk"] + z["b"] + NK * 2 * z["v"] + 2 * z["h"] + b32
+                 + (z["v"] if NK == 1 else 0), 2.0 * grid * (NK * 2 * C * C * V + 6 * C * C * K + 2 * C * K * V), grid * NK)
+    dv = [] if NK == 1 else [Kernel("dv", NV * (2 * z["qk"] + z["b"]) + 2 * z["v"] + z["h"],
+                                    2.0 * grid * (3 * NV * C * C * K + C * C * V + C * K * V), grid * NV)]
     return Prediction("fused bwd", Tiles(BK, BV), [
         Kernel("dh", z["qk"] + z["v"] + z["b"] + z["h"], 2.0 * grid * C * K * V, s.B * s.H * math.ceil(K / 64) * math.ceil(V / 64)),
-        Kernel("dv", NV * (2 * z["qk"] + z["b"]) + 2 * z["v"] + z["h"], 2.0 * grid * (NV * C * C * K + C * C * V + C * K * V),
-               grid * NV),
-        Kernel("dq, dk, db", 4 * z["qk"] + z["b"] + NK * 2 * z["v"] + 2 * z["h"] + b32,
-               2.0 * grid * (NK * C * C * V + 2 * C * C * K + 2 * C * K * V), grid * NK),
-        Kernel("cumsum", 2 * b32, 0.0, grid)])
+        dqk, *dv, Kernel("cumsum", 2 * b32, 0.0, grid)])
 
 
-def candidates(s: Shape, v_inner: tuple[bool, ...] = (False, True)) -> list[Tiles]:
-    dims = lambda D: [x for x in (16, 32, 64, 128) if x <= max(16, D)]  # noqa: E731
-    return [Tiles(bk, bv, vi, w, st) for bk, bv, vi, w, st in
-            itertools.product(dims(s.K), dims(s.V), v_inner, (4, 8), (1, 2, 3))
-            if not (vi and bv >= s.V)]
+def candidates(s: Shape) -> list[Tiles]:
+    return [Tiles(s.K, bv, False, w, 1) for bv, w in
+            itertools.product([x for x in (16, 32, 64, 128) if x <= max(16, s.V)], (4, 8))]
 
 
-def choose(s: Shape, dev: Device = H100, v_inner: tuple[bool, ...] = (False, True)) -> tuple[Prediction, list[Prediction]]:
-    """The feasible fused plan with the lowest floor, and all plans considered. Ties (the model sees
-    bytes, not latency): fewer bytes, then larger tiles (fewer loop trips), V tiles as programs
-    rather than an inner loop, fewer warps and stages — warps and stages are left to a sweep."""
-    plans = [fused_plan(s, t, dev) for t in candidates(s, v_inner)]
+def choose(s: Shape, dev: Device = H100) -> tuple[Prediction | None, list[Prediction]]:
+    """The feasible fused plan with the lowest floor (None if none fits), and all plans considered.
+    Ties (the model sees bytes, not latency): fewer bytes, larger V tiles, fewer warps."""
+    plans = [fused_plan(s, t, dev) for t in candidates(s)]
     ok = [p for p in plans if p.feasible]
-    if not ok:
-        raise ValueError(f"no fused tiling fits {dev.name} for {s}: e.g. {plans[0].why}")
-    best = min(ok, key=lambda p: (round(p.floor_s(dev), 12), p.total_bytes, -p.tiles.BK * p.tiles.BV, p.tiles.v_inner,
-                                  p.tiles.num_warps, p.tiles.num_stages))
+    best = min(ok, key=lambda p: (round(p.floor_s(dev), 12), p.total_bytes, -p.tiles.BV, p.tiles.num_warps),
+               default=None)
     return best, plans
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_tiles(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, device: str = "H100") -> Tiles:
-    """The tiles fused_chunk.fused_chunk_fwd launches with: the model's choice among the loop orders
-    that kernel implements (V tiles as programs; the V-inner order is not written yet)."""
-    dev = {"H100": H100, "A100": A100}[device]
-    return choose(Shape(B, T, H, K, V, C, elem=elem), dev, v_inner=(False,))[0].tiles
+def kernel_tiles(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, device: str = "H100") -> Tiles | None:
+    """The tiles fused_scan.fused_scan_fwd launches with, or None where no scan tiling fits on chip."""
+    best, _ = choose(Shape(B, T, H, K, V, C, elem=elem), {"H100": H100, "A100": A100}[device])
+    return best.tiles if best else None
+
+
+@functools.lru_cache(maxsize=None)
+def scan_pays(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, device: str = "H100") -> bool:
+    """Whether the scan's floor is below chunk's parallel forward's: false where the B·H·V/BV programs
+    leave SMs idle (one long sequence) or where wide keys force narrow V tiles (K = 256)."""
+    dev, s = {"H100": H100, "A100": A100}[device], Shape(B, T, H, K, V, C, elem=elem)
+    best, _ = choose(s, dev)
+    return best is not None and best.floor_s(dev) < chunk_plan(s).floor_s(dev)
 
 
 SHAPES = {"gla mve": Shape(16, 2048, 12, 64, 64), "gla 340m": Shape(8, 2048, 4, 256, 512),
-          "gla state": Shape(16, 2048, 16, 64, 64), "gla long": Shape(1, 32768, 4, 128, 128),
+          "gla 340m model": Shape(8, 2048, 4, 128, 256), "gla state": Shape(16, 2048, 16, 64, 64),
+          "gla long": Shape(1, 32768, 4, 128, 128),
           "ssd mamba2": Shape(8, 2048, 24, 128, 64, scalar_decay=True)}
 
 
 def main() -> None:
     """The issue shapes on the H100: chunk's bytes and floor, and the fused plan the model picks."""
-    print(f"{'shape':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}  tiles (BK, BV, V inner, warps, stages), "
-          "programs; states' programs")
+    print(f"{'shape':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}  tiles (BV, warps), programs")
     for name, s in SHAPES.items():
+        if s.scalar_decay:
+            continue
         c = chunk_plan(s)
-        f, _ = choose(s)
-        t = f.tiles
+        f, plans = choose(s)
+        if f is None:
+            print(f"{name:<22} {c.total_bytes / 1e6:9.1f} {c.floor_s(H100) * 1e3:9.3f} | no scan fits: {plans[-1].why}")
+            continue
         print(f"{name:<22} {c.total_bytes / 1e6:9.1f} {c.floor_s(H100) * 1e3:9.3f} | {f.total_bytes / 1e6:9.1f} "
-              f"{f.floor_s(H100) * 1e3:9.3f}  ({t.BK}, {t.BV}, {t.v_inner}, {t.num_warps}, {t.num_stages}), {f.programs}; "
-              f"{f.kernels[1].programs}")
+              f"{f.floor_s(H100) * 1e3:9.3f}  ({f.tiles.BV}, {f.tiles.num_warps}), {f.programs}")
     print(f"\n{'backward, per-key decay':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}")
     for name, s in SHAPES.items():
         if not s.scalar_decay:
-            c, f = chunk_bwd_plan(s), fused_bwd_plan(s)
+            c, f = chunk_bwd_plan(s), fused_bwd_plan(s, 64 if s.K <= 64 else 32)
             print(f"{name:<22} {c.total_bytes / 1e6:9.1f} {c.floor_s(H100) * 1e3:9.3f} | {f.total_bytes / 1e6:9.1f} "
                   f"{f.floor_s(H100) * 1e3:9.3f}")
 

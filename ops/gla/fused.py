@@ -1,8 +1,13 @@
-"""GLA on the `fused` backend (DESIGN §4): the `chunk` backend's cumsum and state kernels, with the
-intra-chunk scores, output and their backward fused so that neither A nor dA ([B, T, H, C] each)
-reaches HBM (ops/common/fused_chunk.py). Components (`--fuse`): `chunk` (those kernels) and `state`
-(issue [G]: the state scan split into segments where the (K, V, batch·head) tiles cannot fill the
-SMs, ops/common/chunk_h.py); either alone runs inside the `chunk` backend's stages.
+"""GLA on the `fused` backend (DESIGN §4). Components (`--fuse`):
+- `chunk` (issue [F]): the whole forward in one launch, ops/common/fused_scan.py (each program scans its
+  chunks with the state in registers; cumsum, states, scores and output never meet in HBM), and the
+  backward per chunk after the dh pass, ops/common/fused_scan_bwd.py (one launch when K fits one tile).
+  Both factorise a chunk's scores into one dot while its decay allows, and take an exact path where it
+  does not. Where the data-movement model says the scan does not pay, the forward is chunk's stages.
+- `state` (issue [G]): the state scans split into segments where the (K, V, batch·head) tiles cannot
+  fill the SMs (ops/common/chunk_h.py). With `chunk` too, a split forward runs chunk's parallel stages
+  instead of the scan (scan_forward), and the fused backward after them.
+Either alone runs inside the `chunk` backend's stages.
 """
 from __future__ import annotations
 
@@ -12,43 +17,74 @@ from collections.abc import Callable
 import torch
 
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
-from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, states_backward,
+from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, state_segments, states_backward,
                               states_forward)
-from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv, fused_chunk_fwd
+from ops.common.chunk_intra import chunk_intra_fwd
+from ops.common.chunk_o import chunk_fwd_o
+from ops.common.fused_chunk import device_model
+from ops.common.fused_scan import MAX_RANGE, fused_scan_fwd
+from ops.common.fused_scan_bwd import fused_scan_bwd
+from ops.common.movement import scan_pays
 from ops.gla import chunk
 
 COMPONENTS = ("chunk", "state")
-CHUNK_SIZES = (16, 32, 64, 128, 256)
+# fused_scan holds a chunk's [C, C] scores in registers: 256 KB of fp32 at C = 256, past any SM's register file
+CHUNK_SIZES = (16, 32, 64, 128)
 
 
-class FusedChunkGLA(torch.autograd.Function):
+def scan_forward(q: torch.Tensor, v: torch.Tensor, chunk_size: int, segments: int) -> bool:
+    """Whether the forward is fused_scan's one launch, or `chunk`'s parallel stages (cumsum, states, A,
+    output), which leave the same b and h for the same backward. The scan runs B·H·V/BV programs, each
+    sequential over its chunks; the data-movement model (movement.scan_pays) keeps it where its floor
+    beats the parallel stages', which it does not when those programs leave SMs idle (one long
+    sequence; then the state split is on too, segments > 1) or at K = 256, where the state and the
+    [C, K] operands force narrow V tiles (measured: 0.87 ms against chunk's 0.77 at B8 T2048 H4 K256
+    V512; bench/results/2026-11-24-h100-fused-scan.md)."""
+    B, T, H, K = q.shape
+    return segments == 1 and scan_pays(B, T, H, K, v.shape[-1], chunk_size, v.element_size(), device_model(q.device))
+
+
+class FusedScanGLA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
-        q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size,
-                                           split_state)
-        o = fused_chunk_fwd(q, k, v, b, h, scale, chunk_size)
-        ctx.save_for_backward(q, k, v, b, h)
+    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, save,
+                max_range):
+        segments = state_segments(k, v, chunk_size, split_state)
+        if scan_forward(q, v, chunk_size, segments):
+            o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, chunk_size, save,
+                                         max_range=max_range)
+            q, k, v = (x.contiguous() for x in (q, k, v))
+            ctx.segments, ctx.scale, ctx.chunk_size = 1, scale, chunk_size
+            ctx.has_h0, ctx.g_dtype = initial_state is not None, g.dtype
+        else:
+            q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state,
+                                               chunk_size, split_state)
+            o = chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b, scale, chunk_size), scale, chunk_size)
+        ctx.max_range = max_range
+        if save:
+            ctx.save_for_backward(q, k, v, b, h)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, b, h = ctx.saved_tensors
-        C, scale = ctx.chunk_size, ctx.scale
         do, dh, dh0 = states_backward(ctx, q, b, do, dht)
-        dv = fused_chunk_bwd_dv(q, k, b, do, dh, scale, C)
-        dq, dk, db = fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C)
-        return input_grads(ctx, dq, dk, dv, db, dh0)
+        dq, dk, dv, db = fused_scan_bwd(q, k, v, b, h, do, dh, ctx.scale, ctx.chunk_size, ctx.max_range)
+        return input_grads(ctx, dq, dk, dv, db, dh0) + (None, None)
 
 
 def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float,
-                    initial_state: torch.Tensor | None, output_final_state: bool,
-                    chunk_size: int = 64, split_state: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int = 64,
+                    split_state: bool = True, max_range: float = MAX_RANGE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gla.naive.gla. A scalar decay [B, T, H, 1] is broadcast over K: the fused kernels
-    take a per-key decay, and autograd sums the broadcast's gradient back."""
+    take a per-key decay, and autograd sums the broadcast's gradient back. max_range: the decay up to
+    which a chunk's scores are factorised (fused_scan.py); < 0 takes the exact path everywhere (tests)."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     if gk.shape[-1] == 1 and q.shape[-1] != 1:
         gk = gk.expand(*gk.shape[:-1], q.shape[-1])
-    return FusedChunkGLA.apply(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state)
+    # what the backward needs is stored only when there will be one
+    save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, gk, initial_state))
+    return FusedScanGLA.apply(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state, save,
+                              max_range)
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""The projection kernels lower to sm_90 (Hopper) code on a machine without a GPU.
+"""The projection and fused-scan kernels lower to sm_90 (Hopper) code on a machine without a GPU.
 
 The interpreter that runs the other Triton tests on CPU executes kernels as Python and never type-checks
 them. Triton's compiler does, and a kernel that is right under the interpreter can fail to compile: a
@@ -46,6 +46,19 @@ KERNELS = {
     "ops.proj_out.kernels.gate_bwd_kernel": (
         {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
         ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
+    "ops.common.fused_scan.fused_scan_fwd_kernel": (
+        {"q": BF16, "k": BF16, "v": BF16, "g": F32, "o": BF16, "b": F32, "h": BF16, "h0": F32, "ht": F32},
+        ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0,
+                                  "USE_H0": True, "STORE_HT": True, "SAVE": True, "PREC": "tf32",
+                                  "SPLIT": True}),
+    "ops.common.fused_scan_bwd.fused_scan_bwd_dqk_kernel": (
+        {"q": BF16, "k": BF16, "v": BF16, "b": F32, "h": BF16, "do": BF16, "dh": BF16, "dq": BF16, "dk": BF16,
+         "dv": BF16, "db": F32}, ("T", "NT"), ("scale",),
+        {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0, "WITH_DV": True, "PREC": "tf32",
+         "SPLIT": True}),
+    "ops.common.fused_scan_bwd.fused_scan_bwd_dv_kernel": (
+        {"q": BF16, "k": BF16, "b": F32, "do": BF16, "dh": BF16, "dv": BF16}, ("T", "NT"), ("scale",),
+        {"H": 2, "K": 64, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0, "PREC": "tf32", "SPLIT": True}),
     "ops.common.short_conv.short_conv_fwd_kernel": (
         {"x": BF16, "w": F32, "bias": F32, "y": BF16}, ("T", "C", "sxb", "sxt"), ("eps",),
         {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True}),

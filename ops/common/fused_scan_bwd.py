@@ -1,0 +1,163 @@
+"""The backward of fused_scan.py, one program per chunk and tile: dq, dk, dv and db from the same factorised
+scores as the forward, recomputed rather than stored, with dA = do vᵀ formed in registers. With
+q̃ = scale · q ⊙ exp(b − b_L), k̃ = k ⊙ exp(b_L − b), A = mask(q̃ k̃ᵀ) and h, dh the states entering and
+the gradient leaving the chunk:
+
+    dv = Aᵀ do + k̃ dh                 dq = scale · exp(b − b_L) ⊙ (dA k̃) + scale · exp(b) ⊙ (do hᵀ)
+    dk = exp(b_L − b) ⊙ (dAᵀ q̃ + v dhᵀ)
+    db = q ⊙ dq − k ⊙ dk, plus at the last row exp(b_L) ⊙ Σ_v h ⊙ dh + Σ_rows k ⊙ exp(b_L − b) ⊙ (v dhᵀ)
+
+(b_L cancels out of A, so only the state update adds to the last row.) Aᵀ and dAᵀ are dots of their
+own rather than tl.trans of an accumulator: Triton < 3.7.1 miscompiles that on Hopper (../shared/GPU.md).
+
+dq, dk and db need only their own key columns of q̃ and k̃ (and dA, summed over all of V); dv needs Aᵀ,
+summed over all of K. So one kernel per (K tile, chunk) forms dq, dk, db, and where K fits one tile it
+also forms dv (WITH_DV, one launch in all); else a second kernel per (V tile, chunk) forms dv.
+
+A chunk whose decay exceeds fused_scan.MAX_RANGE is left to fused_chunk.py's sub-block kernels,
+launched after this one with the same threshold so that they do exactly the chunks this one skips.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ops.common.fused_chunk import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
+from ops.common.fused_scan import MAX_RANGE, dot_split
+from ops.common.tiles import dot_precision
+
+
+@triton.jit
+def fused_scan_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+                              V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                              MAXR: tl.constexpr, WITH_DV: tl.constexpr, PREC: tl.constexpr, SPLIT: tl.constexpr):
+    i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR:
+        o_c = tl.arange(0, BT)
+        o_t = i_t * BT + o_c
+        m_t = o_t < T
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
+        b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
+        b_b = tl.load(b + p_tk, mask=m_tk, other=0.0)
+        b_b = tl.where(m_tk, b_b, b_bl[None, :])                     # padded rows: every exponent 0
+        e_q = tl.exp(b_b - b_bl[None, :])                            # ≤ exp(MAXR)
+        e_k = tl.exp(b_bl[None, :] - b_b)                            # ≤ 1
+        b_kd = (b_k * e_k).to(b_k.dtype)
+        upper = o_c[:, None] <= o_c[None, :]
+        if WITH_DV:                                                  # Aᵀ over all of K: this tile
+            b_At = tl.where(upper, dot_split(b_k * e_k, tl.trans(b_q * e_q * scale), b_q, PREC, SPLIT), 0.0)
+        b_dA = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dAt = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dqs = tl.zeros([BT, BK], dtype=tl.float32)                # do hᵀ
+        b_dks = tl.zeros([BT, BK], dtype=tl.float32)                # v dhᵀ
+        b_hdh = tl.zeros([BK], dtype=tl.float32)
+        p_kv = ((i_b * NT + i_t) * H + i_h) * K * V
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < V
+            m_tv = m_t[:, None] & m_v[None, :]
+            p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+            m_kv = m_k[:, None] & m_v[None, :]
+            b_v = tl.load(v + p_tv, mask=m_tv, other=0.0)
+            b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
+            b_hn = tl.load(h + p_kv + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            b_dhn = tl.load(dh + p_kv + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            if WITH_DV:
+                b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
+                b_dv += tl.dot(b_kd, b_dhn.to(b_kd.dtype), input_precision=PREC)
+                tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+            b_dA += tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
+            b_dAt += tl.dot(b_v, tl.trans(b_do), input_precision=PREC)
+            b_dqs += tl.dot(b_do, tl.trans(b_hn.to(b_do.dtype)), input_precision=PREC)
+            b_dks += tl.dot(b_v, tl.trans(b_dhn.to(b_v.dtype)), input_precision=PREC)
+            b_hdh += tl.sum(b_hn.to(tl.float32) * b_dhn.to(tl.float32), axis=1)
+        b_dA = tl.where(o_c[:, None] >= o_c[None, :], b_dA, 0.0)
+        b_dAt = tl.where(upper, b_dAt, 0.0)
+        b_dq = (dot_split(b_dA, b_k * e_k, b_q, PREC, SPLIT) * e_q + b_dqs * tl.exp(b_b)) * scale
+        b_dks = b_dks * e_k
+        b_dk = dot_split(b_dAt, b_q * e_q * scale, b_q, PREC, SPLIT) * e_k + b_dks
+        tail = b_hdh * tl.exp(b_bl) + tl.sum(b_k.to(tl.float32) * b_dks, axis=0)
+        b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == last)[:, None], tail[None, :], 0.0)
+        tl.store(db + p_tk, b_db, mask=m_tk)
+        tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+
+@triton.jit
+def fused_scan_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                             BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, MAXR: tl.constexpr,
+                             PREC: tl.constexpr, SPLIT: tl.constexpr):
+    """dv = Aᵀ do + k̃ dh for one V tile of one chunk, Aᵀ and k̃ dh summed over the K tiles."""
+    i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR:
+        o_c = tl.arange(0, BT)
+        o_t = i_t * BT + o_c
+        m_t = o_t < T
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m_t[:, None] & m_v[None, :]
+        last = tl.minimum(i_t * BT + BT, T) - 1
+        p_kv = ((i_b * NT + i_t) * H + i_h) * K * V
+        b_At = tl.zeros([BT, BT], dtype=tl.float32)
+        b_dv = tl.zeros([BT, BV], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            m_tk = m_t[:, None] & m_k[None, :]
+            p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+            b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+            b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
+            b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
+            b_b = tl.where(m_tk, tl.load(b + p_tk, mask=m_tk, other=0.0), b_bl[None, :])
+            b_kd = b_k * tl.exp(b_bl[None, :] - b_b)
+            b_At += dot_split(b_kd, tl.trans(b_q * tl.exp(b_b - b_bl[None, :]) * scale), b_q, PREC, SPLIT)
+            b_dhn = tl.load(dh + p_kv + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+            b_dv += tl.dot(b_kd.to(b_k.dtype), b_dhn.to(b_k.dtype), input_precision=PREC)
+        b_At = tl.where(o_c[:, None] <= o_c[None, :], b_At, 0.0)
+        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
+        b_dv += tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
+        tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+
+
+def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
+                   do: torch.Tensor, dh: torch.Tensor, scale: float, chunk_size: int,
+                   max_range: float = MAX_RANGE, **launch) -> tuple[torch.Tensor, ...]:
+    """q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: [B, T, H, K] fp32 and h [B, NT, H, K, V] as
+    fused_scan_fwd saves them; dh [B, NT, H, K, V] the gradient leaving each chunk
+    (chunk_h.chunk_bwd_dh). Returns dq, dk, dv (input dtypes) and db [B, T, H, K] fp32, the
+    gradient of b (the caller reverse-cumsums it into dg). launch may override BK, BV (the dq/dk
+    kernel's), num_warps, num_stages (sweeps; both kernels)."""
+    B, T, H, K = q.shape
+    V, NT = v.shape[-1], h.shape[1]
+    # the H100 sweeps' best (bench/results/2026-11-24-h100-fused-scan.md): K ≤ 64 in one tile with dv
+    # (0.47 ms at the MVE shape), else key tiles of 32 and dv apart (0.39 ms at K = 128, V = 256, against
+    # 0.44 at BK 64). BV 32 with BK 64 and 4 warps hit an illegal memory access on the H100 (Triton 3.6),
+    # the 64-row Hopper miscompile of ../shared/GPU.md; the defaults never ran into it there.
+    BK = launch.pop("BK", max(16, triton.next_power_of_2(K)) if K <= 64 else 32)
+    BV = launch.pop("BV", min(64, max(16, triton.next_power_of_2(V))))
+    launch = dict(num_warps=4, num_stages=2) | launch
+    with_dv = BK >= K
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    db = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    args = (float(max_range), dot_precision(v), v.dtype != torch.float32)
+    fused_scan_bwd_dqk_kernel[(triton.cdiv(K, BK), NT, B * H)](q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, NT,
+                                                               H, K, V, chunk_size, BK, BV, args[0], with_dv,
+                                                               *args[1:], **launch)
+    if not with_dv:
+        fused_scan_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](q, k, b, do, dh, dv, scale, T, NT, H, K, V,
+                                                                  chunk_size, BK, BV, *args, **launch)
+    # the chunks skipped above (decay beyond max_range), by the sub-block kernels; every other
+    # program of theirs returns at once
+    fused_chunk_bwd_dv(q, k, b, do, dh, scale, chunk_size, min_range=max_range, out=dv)
+    fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, chunk_size, min_range=max_range, out=(dq, dk, db))
+    return dq, dk, dv, db

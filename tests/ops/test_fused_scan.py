@@ -1,0 +1,119 @@
+"""The fused GLA kernels (ops/common/fused_scan.py, fused_scan_bwd.py) through the op, against the fp64
+recurrence: each of their two paths alone (the factorised scores; the exact one, forced with
+max_range < 0), both in one sequence (tame chunks next to chunks whose decay exceeds the threshold,
+so the backward's two launches must cover every chunk between them), and the split-state mode.
+tests/ops/test_gla.py runs the `fused` backend over every shape, decay and chunk size besides."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ops.common import fused_scan
+from ops.gla.fused import fused_chunk_gla
+from tests.ops.test_gla import assert_matches_recurrence, make_inputs
+
+
+def tame_chunks(gk: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Per (batch, chunk, head): whether the kernels factorise it, −Σ gk ≤ MAX_RANGE for every key dim."""
+    B, T, H, K = gk.shape
+    pad = torch.nn.functional.pad(gk.double().cpu(), (0, 0, 0, 0, 0, -T % chunk))
+    return (-pad.view(B, -1, chunk, H, K).sum(2) <= fused_scan.MAX_RANGE).all(-1)
+
+
+def tame_inputs(shape, chunk: int, seed: int) -> list[torch.Tensor]:
+    """Decays in (−5/16, 0], the range of GLA's logsigmoid/16 gate: every chunk factorised (asserted)."""
+    q, k, v, gk, h0 = make_inputs(*shape, "realistic", seed=seed)
+    gk = gk / 16
+    assert tame_chunks(gk, chunk).all()
+    return [x.float() for x in (q, k, v, gk, h0)]
+
+
+def switching_inputs(device: str, B=1, T=150, H=2, K=8, V=12, chunk=32):
+    """Tame decays, except odd chunks, whose steps of −3 sum past MAX_RANGE: both paths in one sequence."""
+    q, k, v, gk, h0 = tame_inputs((B, T, H, K, V), chunk, seed=0)
+    wild = ((torch.arange(T) // chunk) % 2 == 1).view(1, T, 1, 1)
+    gk = torch.where(wild, torch.full_like(gk, -3.0), gk)
+    tame = tame_chunks(gk, chunk)
+    assert tame.any() and not tame.all()
+    return [x.to(device) for x in (q, k, v, gk, h0)]
+
+
+@pytest.fixture(autouse=True)
+def scan(monkeypatch):
+    """The scan forward at these small shapes, where the model would take chunk's (launch-bound either way);
+    tests that mean the other path say so."""
+    monkeypatch.setattr("ops.gla.fused.scan_pays", lambda *a: True)
+
+
+def op(chunk_size: int = 64, max_range: float = fused_scan.MAX_RANGE, split_state: bool = False):
+    return lambda q, k, v, gk, initial_state, output_final_state: fused_chunk_gla(
+        q, k, v, gk, q.shape[-1] ** -0.5, initial_state, output_final_state, chunk_size, split_state, max_range)
+
+
+@pytest.mark.parametrize("max_range", [fused_scan.MAX_RANGE, -1.0], ids=["factorised", "exact"])
+@pytest.mark.parametrize("shape", [(2, 50, 2, 8, 6), (1, 5, 1, 4, 4), (1, 130, 1, 20, 12), (1, 70, 1, 80, 20)],
+                         ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+def test_each_path_matches_recurrence(max_range, shape, device, poison_empty):
+    """K = 80 spans two key tiles of the backward, so dv comes from its own kernel."""
+    inputs = [x.to(device) for x in tame_inputs(shape, 32, seed=1)]
+    assert_matches_recurrence(op(32, max_range), inputs, 1e-5)
+
+
+def test_tame_and_wild_chunks_in_one_sequence(device, poison_empty):
+    assert_matches_recurrence(op(32), switching_inputs(device), 1e-5)
+
+
+def test_exact_path_at_extreme_decays(device, poison_empty):
+    """Steps of −50: every chunk takes the exact path, forward and backward."""
+    inputs = [x.float().to(device) for x in make_inputs(1, 70, 1, 8, 6, "extreme", seed=2)]
+    assert not tame_chunks(inputs[3], 16).any()
+    assert_matches_recurrence(op(16), inputs, 1e-5)
+
+
+def test_split_states_mode(device, poison_empty, short_segments):
+    """With the `state` component at a split length the forward is chunk's stages after the split scan
+    (ops.gla.fused.scan_forward), and the backward the fused one."""
+    from ops.common.chunk_h import split_segments
+
+    assert split_segments(1, 1, 8, 6, 600, 64, torch.device(device)) == 2
+    inputs = switching_inputs(device, B=1, T=600, H=1, K=8, V=6, chunk=64)
+    assert_matches_recurrence(op(64, split_state=True), inputs, 1e-5)
+
+
+def test_parallel_forward_where_the_scan_does_not_pay(device, poison_empty, monkeypatch):
+    """Where the model prefers chunk's parallel forward (movement.scan_pays), the backward is the fused
+    one all the same."""
+    monkeypatch.setattr("ops.gla.fused.scan_pays", lambda *a: False)
+    assert_matches_recurrence(op(32), switching_inputs(device, K=20), 1e-5)
+
+
+def test_the_model_decides_the_forward():
+    """The scan at the MVE shape and the gla_340m layer; chunk's forward at K = 256 and for one long sequence."""
+    from ops.common.movement import scan_pays
+
+    assert scan_pays(16, 2048, 12, 64, 64, 64, 2) and scan_pays(8, 2048, 4, 128, 256, 64, 2)
+    assert not scan_pays(8, 2048, 4, 256, 512, 64, 2) and not scan_pays(1, 32768, 4, 128, 128, 64, 2)
+
+
+def test_no_backward_state_without_grad(device, monkeypatch):
+    """Without gradients the forward stores neither b nor the chunk states."""
+    seen = []
+    real = fused_scan.fused_scan_fwd
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out[2:])
+        return out
+
+    monkeypatch.setattr("ops.gla.fused.fused_scan_fwd", spy)
+    q, k, v, gk, h0 = [x.float().to(device) for x in make_inputs(1, 20, 1, 4, 4, "realistic", seed=3)]
+    with torch.no_grad():
+        fused_chunk_gla(q.requires_grad_(), k, v, gk, 0.5, h0, False)
+    fused_chunk_gla(q, k, v, gk, 0.5, h0, False)
+    assert seen[0] == (None, None) and all(x is not None for x in seen[1])
+
+
+def test_key_dim_limit():
+    x = torch.zeros(1, 4, 1, 260)
+    with pytest.raises(ValueError, match="K ≤ 256"):
+        fused_scan.fused_scan_fwd(x, x, x, x, 1.0, None, False, 16, False)
