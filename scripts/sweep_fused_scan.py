@@ -28,7 +28,8 @@ from ops.common.movement import kernel_tiles
 from ops.common.fused_scan_bwd import fused_scan_bwd
 
 # the seeds' MVE; issue [F]'s "GLA-340M layer"; configs/gla_340m.yaml's own layer (K = 128, V = 256)
-SHAPES = {"mve": (16, 2048, 12, 64, 64), "gla340m_layer": (8, 2048, 4, 256, 512), "gla340m_model": (8, 2048, 4, 128, 256)}
+SHAPES = {"mve": (16, 2048, 12, 64, 64), "gla340m_layer": (8, 2048, 4, 256, 512),
+          "gla340m_model": (8, 2048, 4, 128, 256)}
 
 
 def inputs(B, T, H, K, V):
@@ -56,7 +57,8 @@ def errors(q, k, v, g, do) -> list[str]:
     ref = run("naive", torch.float32)
     rows = ["| backend | o | dq | dk | dv | dg |", "|---|---|---|---|---|---|"]
     for backend in ("chunk", "fused"):
-        rows.append(f"| {backend} | " + " | ".join(f"{rel(x, y):.1e}" for x, y in zip(run(backend, q.dtype), ref)) + " |")
+        errs = [f"{rel(x, y):.1e}" for x, y in zip(run(backend, q.dtype), ref)]
+        rows.append(f"| {backend} | " + " | ".join(errs) + " |")
     return rows + [""]
 
 

@@ -179,8 +179,9 @@ def fused_bwd_plan(s: Shape, BK: int = 64, BV: int = 64) -> Prediction:
     NK, NV = math.ceil(s.K / BK), math.ceil(s.V / BV)
     C, K, V = s.C, s.K, s.V
     b32 = s.B * s.T * s.H * s.K * 4
-    dqk = Kernel("dq, dk, db" + (", dv" if NK == 1 else ""), 4 * z["qk"] + z["b"] + NK * 2 * z["v"] + 2 * z["h"] + b32
-                 + (z["v"] if NK == 1 else 0), 2.0 * grid * (NK * 2 * C * C * V + 6 * C * C * K + 2 * C * K * V), grid * NK)
+    dqk = Kernel("dq, dk, db" + (", dv" if NK == 1 else ""),
+                 4 * z["qk"] + z["b"] + NK * 2 * z["v"] + 2 * z["h"] + b32 + (z["v"] if NK == 1 else 0),
+                 2.0 * grid * (NK * 2 * C * C * V + 6 * C * C * K + 2 * C * K * V), grid * NK)
     dv = [] if NK == 1 else [Kernel("dv", NV * (2 * z["qk"] + z["b"]) + 2 * z["v"] + z["h"],
                                     2.0 * grid * (3 * NV * C * C * K + C * C * V + C * K * V), grid * NV)]
     return Prediction("fused bwd", Tiles(BK, BV), [
@@ -227,7 +228,8 @@ SHAPES = {"gla mve": Shape(16, 2048, 12, 64, 64), "gla 340m": Shape(8, 2048, 4, 
 
 def main() -> None:
     """The issue shapes on the H100: chunk's bytes and floor, and the fused plan the model picks."""
-    print(f"{'shape':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}  tiles (BV, warps), programs")
+    print(f"{'shape':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}  "
+          "tiles (BV, warps), programs")
     for name, s in SHAPES.items():
         if s.scalar_decay:
             continue
