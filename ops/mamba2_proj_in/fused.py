@@ -7,8 +7,8 @@ chain: PyTorch transposes xBC, runs a cuDNN conv over channels-first data, slice
 SiLU, each a pass over [M, d_inner + 2·G·N]; here one Triton kernel (ops/common/short_conv.py) reads xBC's
 columns in place in the GEMM's output and writes SiLU(conv + b) once, in fp32 math; its backward is one kernel
 too. dt is [M, H]: two PyTorch elementwise calls on its slice cost less than a kernel. Why the conv is not in
-the GEMM's epilogue: see ops/gdn_proj_in/fused.py. Known waste, as there: z is a view of the GEMM's output, which
-the conv kernel's saved input keeps alive, and proj_out saves its own contiguous copy of z.
+the GEMM's epilogue: see ops/gdn_proj_in/fused.py. z is a view of the GEMM's output, which the conv kernel's saved
+input keeps alive; proj_out reads it in place, as r there.
 """
 from __future__ import annotations
 

@@ -85,13 +85,14 @@ def _rows_per_tile(V: int, cuda: bool) -> tuple[int, int]:
 
 def gate_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int,
              gate_first: bool = False) -> torch.Tensor:
-    """o, r: [M, H·V] contiguous; nw: [V] fp32 → g = RMSNorm_head(o)·nw ⊙ silu(r) (gate_first:
-    RMSNorm_head(o ⊙ silu(r))·nw), [M, H·V] in o's dtype."""
+    """o: [M, H·V] contiguous; r: [M, H·V] with unit column stride (any row stride); nw: [V] fp32 →
+    g = RMSNorm_head(o)·nw ⊙ silu(r) (gate_first: RMSNorm_head(o ⊙ silu(r))·nw), [M, H·V] in o's dtype."""
     g = torch.empty_like(o)
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
-    gate_fwd_kernel[(triton.cdiv(R, br),)](o, r, nw, g, R, eps, V=V, BV=bv, BR=br, GATE_FIRST=gate_first, **warps)
+    gate_fwd_kernel[(triton.cdiv(R, br),)](o, r, nw, g, R, r.stride(0), eps, H=o.shape[1] // V, V=V, BV=bv, BR=br,
+                                           GATE_FIRST=gate_first, **warps)
     return g
 
 
@@ -108,7 +109,8 @@ def gemm_res(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out_dty
 
 def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int,
              gate_first: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dg, o, r: [M, H·V]; nw: [V] fp32 → g, do, dr ([M, H·V], o's dtype) and the norm weight's gradient [V] fp32."""
+    """dg, o: [M, H·V] contiguous; r as gate_fwd's; nw: [V] fp32 → g, do, dr ([M, H·V] contiguous, o's dtype) and
+    the norm weight's gradient [V] fp32."""
     g, do, dr = (torch.empty_like(o) for _ in range(3))
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
@@ -116,15 +118,17 @@ def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tenso
     programs = triton.cdiv(R, br * loop)
     dnw = torch.empty(programs, V, device=o.device, dtype=torch.float32)      # every program writes its row
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
-    gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, eps, V=V, BV=bv, BR=br, LOOP=loop,
-                                 GATE_FIRST=gate_first, **warps)
+    gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, r.stride(0), eps, H=o.shape[1] // V, V=V, BV=bv,
+                                 BR=br, LOOP=loop, GATE_FIRST=gate_first, **warps)
     return g, do, dr, dnw.sum(0)
 
 
 class FusedProjOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, r, nw, w, res, eps, V, gate_first):
-        """o, r: [M, H·V] contiguous in the compute dtype; nw [V]; w [N, H·V]; res [M, N] or None."""
+        """o, r: [M, H·V] in the compute dtype (o contiguous, r with unit column stride: it is saved as
+        given, a view of the input projection's output where the model passes one); nw [V]; w [N, H·V];
+        res [M, N] or None."""
         out_dtype = res.dtype if res is not None else w.dtype
         y = gemm_res(gate_fwd(o, r, nw.float(), eps, V, gate_first), w, res, out_dtype)
         ctx.save_for_backward(o, r, nw, w)
@@ -160,7 +164,9 @@ def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, 
     dev = o.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else o.dtype
     o2 = o.to(dtype).reshape(B * T, H * V).contiguous()
-    r2 = r.to(dtype).reshape(B * T, H * V).contiguous()
+    r2 = r.to(dtype).reshape(B * T, H * V)          # a view when r is a column slice of a wider GEMM output
+    if r2.stride(1) != 1 or B * T * r2.stride(0) >= 2 ** 31:
+        r2 = r2.contiguous()
     res = None if residual is None else residual.reshape(B * T, N).contiguous()
     y = fn.apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, V, gate_first)
     return y.view(B, T, N)

@@ -3,6 +3,8 @@
 Rows m = (b, t) flattened, M = B·T; K = H·V; N = d. Every tensor is row-major. A [M, H·V] activation
 is also a row-major [M·H, V] matrix whose rows are single heads, so the per-head RMSNorm is a plain
 row norm over R = M·H rows of V channels: the two elementwise kernels read fully contiguous tiles.
+r alone may have a row stride RS ≥ H·V: it is the gate's column slice of the input projection's wide
+GEMM output (Gated DeltaNet's r, Mamba-2's z), read in place rather than copied and saved twice.
 
     gate_fwd_kernel   g = ô·w ⊙ s,  ô = o · rsqrt(mean_V(o²) + eps)               [R, V] → bf16 g, once
                       GATE_FIRST (Mamba-2): g = û·w,  û = u · rsqrt(mean_V(u²) + eps),  u = o ⊙ s
@@ -37,7 +39,13 @@ def _head_rows(x, rows, vv, mask, V: tl.constexpr):
 
 
 @triton.jit
-def gate_fwd_kernel(o, r, nw, g, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
+def _gate_rows(r, rows, vv, mask, RS, H: tl.constexpr, V: tl.constexpr):
+    """r[rows, vv] as fp32 [BR, BV], head-row m·H + h at m·RS + h·V (RS = H·V when r is contiguous)."""
+    return tl.load(r + ((rows // H) * RS + (rows % H) * V)[:, None] + vv[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def gate_fwd_kernel(o, r, nw, g, R, RS, eps, H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
                     GATE_FIRST: tl.constexpr):
     """One program per BR head-rows: g[R, V] = RMSNorm(o)·w ⊙ silu(r), or RMSNorm(o ⊙ silu(r))·w when
     GATE_FIRST, in g's dtype (fp32 math)."""
@@ -46,7 +54,7 @@ def gate_fwd_kernel(o, r, nw, g, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: 
     mv = vv < V
     mask = (rows < R)[:, None] & mv[None, :]
     ob = _head_rows(o, rows, vv, mask, V)
-    rb = _head_rows(r, rows, vv, mask, V)
+    rb = _gate_rows(r, rows, vv, mask, RS, H, V)
     wn = tl.load(nw + vv, mask=mv, other=0.0).to(tl.float32)
     s = rb * tl.sigmoid(rb)                                                               # silu(r)
     if GATE_FIRST:
@@ -76,8 +84,8 @@ def gemm_res_kernel(a, w, res, y, M, N, K, HAS_RES: tl.constexpr, PREC: tl.const
 
 
 @triton.jit
-def gate_bwd_kernel(dg, o, r, nw, g, do, dr, dnw, R, eps, V: tl.constexpr, BV: tl.constexpr, BR: tl.constexpr,
-                    LOOP: tl.constexpr, GATE_FIRST: tl.constexpr):
+def gate_bwd_kernel(dg, o, r, nw, g, do, dr, dnw, R, RS, eps, H: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                    BR: tl.constexpr, LOOP: tl.constexpr, GATE_FIRST: tl.constexpr):
     """One program per LOOP·BR head-rows: recomputes the norm statistics and the gate from o and r,
     writes g (for dW_o), dr, do, and its partial sum of the norm weight's gradient, dnw[pid, :V].
     x is the norm's input (o, or u = o ⊙ s when GATE_FIRST) and x̂ = x · rstd."""
@@ -91,7 +99,7 @@ def gate_bwd_kernel(dg, o, r, nw, g, do, dr, dnw, R, eps, V: tl.constexpr, BV: t
         mask = (rows < R)[:, None] & mv[None, :]
         at = rows[:, None] * V + vv[None, :]
         ob = _head_rows(o, rows, vv, mask, V)
-        rb = _head_rows(r, rows, vv, mask, V)
+        rb = _gate_rows(r, rows, vv, mask, RS, H, V)
         dgb = _head_rows(dg, rows, vv, mask, V)
         sg = tl.sigmoid(rb)
         s = rb * sg                                                                          # silu(r)

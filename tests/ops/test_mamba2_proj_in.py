@@ -75,6 +75,7 @@ def test_registry_and_model_wiring():
         assert ("mamba2_proj_in" in mixer.resolved_ops) == ("proj_out" in mixer.resolved_ops) == want, (backend, fuse)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fp32 model check runs on CPU (the interpreter's exact dots)")
 def test_model_with_fused_proj_equals_naive_fp32():
     """A Mamba-2 model with only `proj` fused (the SSD on `chunk`'s stages) against the naive model (tests.helpers),
     the gate-first norm over d_inner included. T ragged, 2 groups."""

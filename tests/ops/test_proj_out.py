@@ -121,6 +121,31 @@ def test_saves_less_than_the_unfused_chain(device):
     assert fused_bytes < naive_bytes, (fused_bytes, naive_bytes)
 
 
+@pytest.mark.parametrize("order", ORDER)
+def test_r_read_in_place_from_a_wider_output(order, device, poison_empty):
+    """r as Gated DeltaNet and Mamba-2 pass it, a column slice of their input projection's output: the same
+    output and gradients as a contiguous r, and the backward keeps that output, not a copy of r."""
+    B, T, H, V, d = 2, 13, 3, 16, 24
+    o, r, nw, w, res = make_inputs(B, T, H, V, d, device=device)
+    wide = torch.randn(B, T, 7 + H * V + 5, device=device, requires_grad=True)      # [.., q | r | β] in miniature
+    r_view = wide[..., 7:7 + H * V]
+    assert not r_view.is_contiguous()
+    dy = torch.randn(B, T, d, device=device)
+    ref_y, ref_g = run(lambda *a: fused.proj_out(*a, gate_first=ORDER[order]), [o, r_view.detach().contiguous()
+                                                                               .requires_grad_(), nw, w, res], dy)
+    y, grads = run(lambda *a: fused.proj_out(*a, gate_first=ORDER[order]), [o, r_view, nw, w, res], dy)
+    assert rel_err(y, ref_y) < 1e-6 and all(rel_err(grads[n], ref_g[n]) < 1e-6 for n in ref_g)
+    kept = []
+
+    def pack(t):
+        kept.append(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fused.proj_out(o, r_view, nw, w, res, gate_first=ORDER[order])
+    assert wide.untyped_storage().data_ptr() in kept      # r itself, from inside `wide`: no copy saved
+
+
 def test_int32_overflow_is_refused():
     """Shapes whose flat offsets overflow int32 are refused before anything runs (meta tensors: no memory)."""
     o, r = torch.empty(64, 8192, 16, 256, device="meta"), torch.empty(64, 8192, 4096, device="meta")

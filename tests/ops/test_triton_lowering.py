@@ -38,14 +38,14 @@ KERNELS = {
         {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "stride"), (),
         {"IGNORE": -100, "GRAD": True, "BLOCK": 64}),
     "ops.proj_out.kernels.gate_fwd_kernel": (
-        {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R",), ("eps",),
-        {"V": 32, "BV": 32, "BR": 16, "GATE_FIRST": True}),
+        {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R", "RS"), ("eps",),
+        {"H": 2, "V": 32, "BV": 32, "BR": 16, "GATE_FIRST": True}),
     "ops.proj_out.kernels.gemm_res_kernel": (
         {"a": BF16, "w": BF16, "res": F32, "y": F32}, ("M", "N", "K"), (),
         {"HAS_RES": True, "PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
     "ops.proj_out.kernels.gate_bwd_kernel": (
         {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
-        ("R",), ("eps",), {"V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
+        ("R", "RS"), ("eps",), {"H": 2, "V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
     "ops.common.fused_scan.fused_scan_fwd_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "g": F32, "o": BF16, "b": F32, "h": BF16, "h0": F32, "ht": F32},
         ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0,
