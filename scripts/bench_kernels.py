@@ -189,7 +189,7 @@ def plan_floor_ms(case: Case, backend: str) -> tuple[float, float | None] | None
         s = Shape(d["B"], d["T"], d["H"], d["K"], d["V"])
         scan = backend == "fused" and scan_pays(s.B, s.T, s.H, s.K, s.V, s.C, s.elem)
         fwd = choose(s, H100)[0] if scan else chunk_plan(s)
-        bwd = chunk_bwd_plan(s) if backend == "chunk" else fused_bwd_plan(s, 64 if s.K <= 64 else 32)
+        bwd = chunk_bwd_plan(s) if backend == "chunk" else fused_bwd_plan(s)
         return fwd.floor_s(H100) * 1e3, (fwd.floor_s(H100) + bwd.floor_s(H100)) * 1e3
     if case.op == "ssd" and backend == "chunk":
         return chunk_plan(Shape(d["B"], d["T"], d["H"], d["N"], d["P"], scalar_decay=True)).floor_s(H100) * 1e3, None

@@ -18,8 +18,6 @@ against naive); tests/ops/test_fused_scan.py checks them inside the `fused` back
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -27,15 +25,6 @@ import triton.language as tl
 from ops.common.chunk_intra import _diag_scores, _load_rows, _load_rows_t
 from ops.common.chunk_o import _state_grads
 from ops.common.tiles import dot_precision, tile
-
-
-@functools.lru_cache(maxsize=None)
-def device_model(device: torch.device) -> str:
-    """Which of movement.py's device budgets to plan tiles for: sm80 gets the A100's, anything else
-    (sm90, and the interpreter) the H100's. Cached: every forward asks."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (8, 0):
-        return "A100"
-    return "H100"
 
 
 @triton.jit

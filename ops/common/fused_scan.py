@@ -23,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.fused_chunk import device_model
-from ops.common.movement import kernel_tiles
+from ops.common.movement import device_model, kernel_tiles
 from ops.common.tiles import dot_precision
 
 MAX_RANGE = 64.0   # exp(64) = 6e27: q̃ and every masked-out score stay far below fp32's and bf16's 3e38

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ops.common.fused_chunk import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from ops.common.fused_scan import MAX_RANGE, dot_split
+from ops.common.movement import bwd_key_tile
 from ops.common.tiles import dot_precision
 
 
@@ -139,11 +140,10 @@ def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.T
     kernel's), num_warps, num_stages (sweeps; both kernels)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], h.shape[1]
-    # the H100 sweeps' best (bench/results/2026-11-24-h100-fused-scan.md): K ≤ 64 in one tile with dv
-    # (0.47 ms at the MVE shape), else key tiles of 32 and dv apart (0.39 ms at K = 128, V = 256, against
-    # 0.44 at BK 64). BV 32 with BK 64 and 4 warps hit an illegal memory access on the H100 (Triton 3.6),
-    # the 64-row Hopper miscompile of ../shared/GPU.md; the defaults never ran into it there.
-    BK = launch.pop("BK", max(16, triton.next_power_of_2(K)) if K <= 64 else 32)
+    # the H100 sweeps' best (bench/results/2026-11-24-h100-fused-scan.md; movement.bwd_key_tile). BV 32 with
+    # BK 64 and 4 warps hit an illegal memory access on the H100 (Triton 3.6), the 64-row Hopper miscompile of
+    # ../shared/GPU.md; the defaults never ran into it there.
+    BK = launch.pop("BK", bwd_key_tile(K))
     BV = launch.pop("BV", min(64, max(16, triton.next_power_of_2(V))))
     launch = dict(num_warps=4, num_stages=2) | launch
     with_dv = BK >= K

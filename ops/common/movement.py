@@ -24,6 +24,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass(frozen=True)
 class Device:
@@ -170,11 +172,18 @@ def chunk_bwd_plan(s: Shape) -> Prediction:
         Kernel("cumsum", 2 * b32, 0.0, grid)])
 
 
-def fused_bwd_plan(s: Shape, BK: int = 64, BV: int = 64) -> Prediction:
+def bwd_key_tile(K: int) -> int:
+    """The fused backward's key tile (fused_scan_bwd.py): all of K up to 64, one launch with dv; else 32,
+    with dv apart (the H100 sweeps: 0.39 ms at K = 128, V = 256 against 0.44 at 64)."""
+    return 1 << max(4, (K - 1).bit_length()) if K <= 64 else 32
+
+
+def fused_bwd_plan(s: Shape, BK: int | None = None, BV: int = 64) -> Prediction:
     """The fused backward (fused_scan_bwd.py): the same dh pass, then per (K tile, chunk) dq, dk, db
     from dA = do vᵀ (v, do re-read per K tile), with dv in the same kernel when K fits one tile, else
     per (V tile, chunk) dv from Aᵀ over all of K (q, k, b re-read per V tile); then db's reverse
-    cumsum. Neither A nor dA nor an fp32 partial reaches HBM."""
+    cumsum. Neither A nor dA nor an fp32 partial reaches HBM. BK: bwd_key_tile's by default."""
+    BK = BK or bwd_key_tile(s.K)
     z, grid = _sizes(s), s.B * s.H * s.NT
     NK, NV = math.ceil(s.K / BK), math.ceil(s.V / BV)
     C, K, V = s.C, s.K, s.V
@@ -202,6 +211,15 @@ def choose(s: Shape, dev: Device = H100) -> tuple[Prediction | None, list[Predic
     best = min(ok, key=lambda p: (round(p.floor_s(dev), 12), p.total_bytes, -p.tiles.BV, p.tiles.num_warps),
                default=None)
     return best, plans
+
+
+@functools.lru_cache(maxsize=None)
+def device_model(device: torch.device) -> str:
+    """Which device budget to plan for: sm80 gets the A100's, anything else (sm90, and the interpreter)
+    the H100's. Cached: every forward asks."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) == (8, 0):
+        return "A100"
+    return "H100"
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,7 +261,7 @@ def main() -> None:
     print(f"\n{'backward, per-key decay':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}")
     for name, s in SHAPES.items():
         if not s.scalar_decay:
-            c, f = chunk_bwd_plan(s), fused_bwd_plan(s, 64 if s.K <= 64 else 32)
+            c, f = chunk_bwd_plan(s), fused_bwd_plan(s)
             print(f"{name:<22} {c.total_bytes / 1e6:9.1f} {c.floor_s(H100) * 1e3:9.3f} | {f.total_bytes / 1e6:9.1f} "
                   f"{f.floor_s(H100) * 1e3:9.3f}")
 

@@ -21,10 +21,9 @@ from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, 
                               states_forward)
 from ops.common.chunk_intra import chunk_intra_fwd
 from ops.common.chunk_o import chunk_fwd_o
-from ops.common.fused_chunk import device_model
 from ops.common.fused_scan import MAX_RANGE, fused_scan_fwd
 from ops.common.fused_scan_bwd import fused_scan_bwd
-from ops.common.movement import scan_pays
+from ops.common.movement import device_model, scan_pays
 from ops.gla import chunk
 
 COMPONENTS = ("chunk", "state")
@@ -50,9 +49,9 @@ class FusedScanGLA(torch.autograd.Function):
                 max_range):
         segments = state_segments(k, v, chunk_size, split_state)
         if scan_forward(q, v, chunk_size, segments):
+            q, k, v = (x.contiguous() for x in (q, k, v))     # once: fused_scan_fwd's own call is then free
             o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, chunk_size, save,
                                          max_range=max_range)
-            q, k, v = (x.contiguous() for x in (q, k, v))
             ctx.segments, ctx.scale, ctx.chunk_size = 1, scale, chunk_size
             ctx.has_h0, ctx.g_dtype = initial_state is not None, g.dtype
         else:
