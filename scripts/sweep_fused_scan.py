@@ -96,7 +96,7 @@ def sweep(name: str, C: int = 64) -> list[str]:
     wide = K > 64
     variants = {
         "fwd scan": (lambda **kw: fused_scan_fwd(q, k, v, g, s, None, False, C, True, **kw)[0], o_ref,
-                     [dict(BV=bv, num_warps=w) for bv in ((32, 64, 128) if wide else (32, 64)) for w in (4, 8)]),
+                     [dict(BV=bv, num_warps=w) for bv in ((64, 128) if wide else (64,)) for w in (4, 8)]),  # MIN_BV
         "bwd": (lambda **kw: fused_scan_bwd(q, k, v, b, h, do, dh, s, C, **kw), ref_b,
                 # BK 64 with BV 32 at K = 128 hit an illegal memory access (call 4): not swept, it ends the process
                 [dict(BK=bk, BV=bv, num_warps=w, num_stages=st) for bk in ((32, 64) if wide else (64,))

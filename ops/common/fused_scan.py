@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.movement import device_model, kernel_tiles
+from ops.common.movement import MIN_BV, device_model, kernel_tiles
 from ops.common.tiles import dot_precision
 
 MAX_RANGE = 64.0   # exp(64) = 6e27: q̃ and every masked-out score stay far below fp32's and bf16's 3e38
@@ -110,8 +110,8 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     Returns o [B, T, H, V] (v's dtype), the final state (fp32, or None), and with `save` the
     backward's b [B, T, H, K] fp32 (chunk-local cumsum of g) and h [B, NT, H, K, V] (the state
     entering each chunk, v's dtype), else None, None.
-    max_range < 0 forces the exact path everywhere (tests); launch may override BV, num_warps,
-    num_stages (sweeps). BV and num_warps come from the data-movement model (movement.kernel_tiles:
+    max_range < 0 forces the exact path everywhere (tests); launch may override BV (≥ MIN_BV on a GPU),
+    num_warps, num_stages (sweeps). BV and num_warps come from the data-movement model (movement.kernel_tiles:
     at the MVE shape BV 64 with 4 warps, at K = 128, V = 256 BV 64 with 8 warps, both the H100 sweeps'
     best, bench/results/2026-11-24-h100-fused-scan.md)."""
     B, T, H, K = q.shape
@@ -125,6 +125,9 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                          "(ops/common/movement.py); run chunk's parallel forward (ops.gla.fused.scan_forward)")
     tiles = (dict(BV=t.BV, num_warps=t.num_warps) if t else {}) | launch
     BV = tiles.pop("BV")
+    if BV < MIN_BV and q.is_cuda:
+        raise ValueError(f"fused_scan_fwd: BV = {BV} miscompiles on Hopper (Triton 3.6: wrong o or a fault without "
+                         f"`save`); launch with BV >= {MIN_BV} (ops/common/movement.py MIN_BV)")
     o = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device) if save else None

@@ -10,7 +10,7 @@ Plans for one layer's forward (q, k [B, T, H, K], v, o [B, T, H, V], chunk C, NT
   with the state in registers: reads q, k, g once per V tile and v once, writes o and, for the
   backward, b and the chunk states h. A, the states' round trip and the cumsum pass never reach HBM.
   The grid is only B·H·V/BV programs, so the floor is stretched when they leave SMs idle.
-Tiles: BV | V, a multiple of 16 (tensor-core fragments), at most 128; the whole of K per program;
+Tiles: BV ∈ {64, 128} (MIN_BV: narrower tiles miscompile on Hopper); the whole of K per program;
 num_warps from the register budget (the state [K, BV], the scores [C, C], o [C, BV] and the decayed
 q, k [C, K] are fp32 registers). No feasible tiling (K = 256 on the H100) means the scan does not pay:
 ops.gla.fused then runs chunk's parallel forward.
@@ -198,9 +198,16 @@ def fused_bwd_plan(s: Shape, BK: int | None = None, BV: int = 64) -> Prediction:
         dqk, *dv, Kernel("cumsum", 2 * b32, 0.0, grid)])
 
 
+# Triton 3.6 on the H100 miscompiles the scan's forward with V tiles of 16 or 32 when it stores nothing for
+# the backward (inference, evaluation): o was wrong by up to 16 at 4 warps and 8 warps faulted, whatever
+# num_stages, even with V = BV; BV 64 (also masked, V = 48) and every tile with the stores were right
+# (bench/results/2026-11-24-h100-scan-narrow-tiles.md). The model chose BV 32 below batch 8.
+MIN_BV = 64
+
+
 def candidates(s: Shape) -> list[Tiles]:
     return [Tiles(s.K, bv, False, w, 1) for bv, w in
-            itertools.product([x for x in (16, 32, 64, 128) if x <= max(16, s.V)], (4, 8))]
+            itertools.product([x for x in (64, 128) if x == MIN_BV or x <= s.V], (4, 8))]
 
 
 def choose(s: Shape, dev: Device = H100) -> tuple[Prediction | None, list[Prediction]]:

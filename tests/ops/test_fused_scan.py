@@ -10,6 +10,8 @@ import torch
 
 from ops.common import fused_scan
 from ops.gla.fused import fused_chunk_gla
+from ops.gla.naive import gla_recurrent
+from tests.helpers import rel_err
 from tests.ops.test_gla import assert_matches_recurrence, make_inputs
 
 
@@ -111,6 +113,47 @@ def test_no_backward_state_without_grad(device, monkeypatch):
         fused_chunk_gla(q.requires_grad_(), k, v, gk, 0.5, h0, False)
     fused_chunk_gla(q, k, v, gk, 0.5, h0, False)
     assert seen[0] == (None, None) and all(x is not None for x in seen[1])
+
+
+@pytest.mark.parametrize("shape", [(2, 150, 2, 8, 6), (1, 200, 3, 16, 150)], ids=["V6", "V150"])
+def test_forward_without_grad_matches_recurrence(shape, device, poison_empty):
+    """Evaluation's path: no b or h stored (SAVE off), one V tile and several; the outputs as the recurrence's.
+    On the H100 this path once went wrong by 16 while the one with stores was right (movement.MIN_BV)."""
+    q, k, v, gk, h0 = [x.to(device) for x in tame_inputs(shape, 32, seed=4)]
+    ref, ref_s = gla_recurrent(*(x.double() for x in (q, k, v, gk)), initial_state=h0.double(),
+                               output_final_state=True)
+    with torch.no_grad():
+        o, s = op(32)(q, k, v, gk, h0, True)
+    assert rel_err(o, ref) < 1e-5 and rel_err(s, ref_s) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the miscompile this guards against is Hopper's")
+@pytest.mark.parametrize("save", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("K, V, BV, warps", [(64, 64, 64, 4), (64, 64, 64, 8), (64, 48, 64, 4), (128, 256, 64, 8),
+                                             (128, 256, 128, 8), (128, 256, 128, 4)])
+def test_every_candidate_launch_on_the_gpu(K, V, BV, warps, save):
+    """Each V tile and warp count the model can pick (movement.candidates), with and without the backward's
+    stores, bf16: the output within 5e-3 of the fp32 oracle."""
+    from ops.gla.naive import gla
+
+    torch.manual_seed(0)
+    q, k = (torch.randn(3, 1000, 4, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(3, 1000, 4, V, device="cuda", dtype=torch.bfloat16)
+    gk = torch.nn.functional.logsigmoid(torch.randn(3, 1000, 4, K, device="cuda")) / 16
+    o, *_ = fused_scan.fused_scan_fwd(q, k, v, gk, K ** -0.5, None, False, 64, save, BV=BV, num_warps=warps)
+    ref, _ = gla(q.float(), k.float(), v.float(), gk, K ** -0.5)
+    assert rel_err(o, ref) < 5e-3
+
+
+def test_narrow_v_tiles_refused_on_a_gpu(monkeypatch):
+    """BV below MIN_BV would miscompile on Hopper: a launch override asking for it is an error there."""
+    from ops.common.movement import MIN_BV
+
+    x = torch.zeros(1, 4, 1, 16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(ValueError, match=f"BV >= {MIN_BV}"):
+        fused_scan.fused_scan_fwd(x, x, x, x, 1.0, None, False, 16, False, BV=32, num_warps=4)
 
 
 def test_key_dim_limit():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.common.movement import H100, Shape, Tiles, choose, chunk_plan, fused_plan
+from ops.common.movement import H100, MIN_BV, Shape, Tiles, choose, chunk_plan, fused_plan, kernel_tiles
 
 
 def test_chunk_bytes_by_hand():
@@ -53,3 +53,11 @@ def test_short_grid_stretches_the_state_pass():
     states = chunk_plan(s).kernels[1]
     assert states.programs == 16
     assert states.floor_s(H100) == pytest.approx(states.bytes / H100.hbm_bytes_per_s * 132 / 16)
+
+
+@pytest.mark.parametrize("B", [1, 2, 4, 6, 8, 16])
+@pytest.mark.parametrize("K, V", [(64, 64), (128, 256), (16, 6)])
+def test_no_v_tile_below_the_hopper_minimum(B, K, V):
+    """Small batches (evaluation) once got BV 32, which miscompiles on the H100 without the backward's stores."""
+    t = kernel_tiles(B, 2048, 12, K, V, 64, 2)
+    assert t is not None and t.BV >= MIN_BV
