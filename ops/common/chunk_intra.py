@@ -58,6 +58,29 @@ def _diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC:
 
 
 @triton.jit
+def _offdiag_scores(q, k, b, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+                    BK: tl.constexpr, PREC: tl.constexpr):
+    """An off-diagonal sub-block (rows t_i + [0, BC) after columns t_j + [0, BC)), unscaled, fp32 [BC, BC]:
+    one GEMM after factorising around r = t_i, the first row of the row block, so both exponents are ≤ 0."""
+    o_i = t_i + tl.arange(0, BC)
+    o_j = t_j + tl.arange(0, BC)
+    m_i, m_j = o_i < T, o_j < T
+    b_A = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+        b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
+        b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+        b_bjt = _load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+        b_br = tl.load(b + ((i_b * T + t_i) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
+        b_kgt = b_kt * tl.exp(b_br[:, None] - b_bjt)
+        b_A += tl.dot(b_qg, b_kgt, input_precision=PREC)
+    return b_A
+
+
+@triton.jit
 def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
     i_t, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -82,18 +105,7 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             keep = (o_i[:, None] >= o_j[None, :]) & m_i[:, None] & m_j[None, :]
             b_A *= tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
         elif i_i > i_j:
-            r = i_t * BT + i_i * BC                                # first row of block I (valid)
-            for i_k in range(tl.cdiv(K, BK)):
-                o_k = i_k * BK + tl.arange(0, BK)
-                m_k = o_k < K
-                b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-                b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
-                b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
-                b_bjt = _load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-                b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
-                b_kgt = b_kt * tl.exp(b_br[:, None] - b_bjt)
-                b_A += tl.dot(b_qg, b_kgt, input_precision=PREC)
+            b_A = _offdiag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
         else:
             b_A = _diag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, T, H, K, BC, BK)
     tl.store(A + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_j * BC + tl.arange(0, BC))[None, :],

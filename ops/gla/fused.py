@@ -3,7 +3,8 @@
   chunks with the state in registers; cumsum, states, scores and output never meet in HBM), and the
   backward per chunk after the dh pass, ops/common/fused_scan_bwd.py (one launch when K fits one tile).
   Both factorise a chunk's scores into one dot while its decay allows, and take an exact path where it
-  does not. Where the data-movement model says the scan does not pay, the forward is chunk's stages.
+  does not. Where the data-movement model says the scan does not pay, the forward is chunk's stages with
+  the scores in one program per chunk by the same factorisation (ops/common/fused_intra.py).
 - `state` (issue [G]): the state scans split into segments where the (K, V, batch·head) tiles cannot
   fill the SMs (ops/common/chunk_h.py). With `chunk` too, a split forward runs chunk's parallel stages
   instead of the scan (scan_forward), and the fused backward after them.
@@ -19,8 +20,8 @@ import torch
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
 from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, state_segments, states_backward,
                               states_forward)
-from ops.common.chunk_intra import chunk_intra_fwd
 from ops.common.chunk_o import chunk_fwd_o
+from ops.common.fused_intra import fused_intra_fwd
 from ops.common.fused_scan import MAX_RANGE, fused_scan_fwd
 from ops.common.fused_scan_bwd import fused_scan_bwd
 from ops.common.movement import device_model, scan_pays
@@ -32,10 +33,10 @@ CHUNK_SIZES = (16, 32, 64, 128)
 
 
 def scan_forward(q: torch.Tensor, v: torch.Tensor, chunk_size: int, segments: int) -> bool:
-    """Whether the forward is fused_scan's one launch, or `chunk`'s parallel stages (cumsum, states, A,
-    output), which leave the same b and h for the same backward. The scan runs B·H·V/BV programs, each
-    sequential over its chunks; the data-movement model (movement.scan_pays) keeps it where its floor
-    beats the parallel stages', which it does not when those programs leave SMs idle (one long
+    """Whether the forward is fused_scan's one launch, or `chunk`'s parallel stages (cumsum, states, A by
+    fused_intra, output), which leave the same b and h for the same backward. The scan runs B·H·V/BV
+    programs, each sequential over its chunks; the data-movement model (movement.scan_pays) keeps it where
+    its floor beats the parallel stages', which it does not when those programs leave SMs idle (one long
     sequence; then the state split is on too, segments > 1) or at K = 256, where the state and the
     [C, K] operands force narrow V tiles (measured: 0.87 ms against chunk's 0.77 at B8 T2048 H4 K256
     V512; bench/results/2026-11-24-h100-fused-scan.md)."""
@@ -57,7 +58,7 @@ class FusedScanGLA(torch.autograd.Function):
         else:
             q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state,
                                                chunk_size, split_state)
-            o = chunk_fwd_o(q, v, b, h, chunk_intra_fwd(q, k, b, scale, chunk_size), scale, chunk_size)
+            o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, chunk_size, max_range), scale, chunk_size)
         ctx.max_range = max_range
         if save:
             ctx.save_for_backward(q, k, v, b, h)

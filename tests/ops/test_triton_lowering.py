@@ -59,6 +59,9 @@ KERNELS = {
     "ops.common.fused_scan_bwd.fused_scan_bwd_dv_kernel": (
         {"q": BF16, "k": BF16, "b": F32, "do": BF16, "dh": BF16, "dv": BF16}, ("T", "NT"), ("scale",),
         {"H": 2, "K": 64, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0, "PREC": "tf32", "SPLIT": True}),
+    "ops.common.fused_intra.fused_intra_fwd_kernel": (
+        {"q": BF16, "k": BF16, "b": F32, "A": BF16}, ("T",), ("scale",),
+        {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "MAXR": 64.0, "PREC": "tf32", "SPLIT": True}),
     "ops.common.short_conv.short_conv_fwd_kernel": (
         {"x": BF16, "w": F32, "bias": F32, "y": BF16}, ("T", "C", "sxb", "sxt"), ("eps",),
         {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True}),
