@@ -34,13 +34,16 @@ from model import build_model
 from utils.checkpoint import STATE_FILE, WEIGHTS_FILE, resolve_checkpoint
 
 
-def load_model(ckpt: str | Path, backend: str | None = None,
-               device: str | torch.device = "cpu") -> tuple[torch.nn.Module, Config, Path]:
-    """Model and config from a checkpoint folder, or a run folder's latest checkpoint."""
+def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch.device = "cpu",
+               fuse: str | None = None) -> tuple[torch.nn.Module, Config, Path]:
+    """Model and config from a checkpoint folder, or a run folder's latest checkpoint; `backend` and `fuse`
+    (the fused backend's components, "" for all) replace the ones it was trained with."""
     path = resolve_checkpoint(ckpt)
     cfg = config_from_dict(json.loads((path / STATE_FILE).read_text())["config"])
     if backend:
         cfg.model.backend = backend
+    if fuse is not None:
+        cfg.model.fuse = fuse
     model = build_model(cfg.model)
     model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
     return model.to(device).eval(), cfg, path

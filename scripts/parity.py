@@ -16,6 +16,11 @@ order, so it differs from the reference by rounding alone). Its Δ is the noise 
 comparison: a backend's Δ within the floor is indistinguishable from rounding.
 --parallel trains every run at once on the same device (each logs to <out>/<run>.log): parity does not
 time anything, and the naive runs leave most of a GPU idle.
+--teacher also saves the reference's weights at every evaluation and scores each backend on them (the
+validation split, eval/perplexity.py's windows): the Δ to the reference's own loss there is the same
+function on trained weights, with no training dynamics in it. Where rounding alone moves two free runs
+apart by more than the tolerance (GLA-125M: the floor is 0.04–0.06 nats), this is the comparison that
+can still tell a different model from a drifted one; it passes when |Δ| ≤ --tolerance at every checkpoint.
 Writes <out>/parity.{json,md,png} (curves overlaid, and Δ to the reference); exits 1 if any fails.
 """
 from __future__ import annotations
@@ -83,6 +88,35 @@ def floor_overrides(config: str, overrides: list[str]) -> list[str]:
             f"--train.eval_batches={tc.eval_batches * 2}"]
 
 
+def teacher_forced(ref_run: Path, backends: list[str], data_overrides: list[str], tolerance: float) -> dict:
+    """Each backend's validation loss on the reference run's checkpoints, minus the reference's own:
+    {backend: {"loss": {step: loss}, "delta": {step: Δ}, "pass": every |Δ| ≤ tolerance}}."""
+    import torch
+
+    from config import parse_overrides, set_dotted
+    from eval.perplexity import evaluate_split, load_model
+    from utils.checkpoint import complete_checkpoints
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ckpts = sorted(complete_checkpoints(ref_run), key=lambda c: int(c.name.split("_")[-1]))
+    if not ckpts:
+        raise SystemExit(f"error: --teacher found no checkpoints in {ref_run}")
+    losses: dict[str, dict[int, float]] = {b: {} for b in backends}
+    for ckpt in ckpts:
+        for b in backends:
+            name, fuse = parse_backend(b)
+            model, cfg, _ = load_model(ckpt, name, device, fuse)
+            for key, value in parse_overrides(data_overrides):
+                set_dotted(cfg, key, value)
+            seq = cfg.data.seq_len
+            result = evaluate_split(model, cfg, "valid", seq, seq, cfg.train.micro_batch_size, progress=False)
+            losses[b][int(ckpt.name.split("_")[-1])] = result["loss"]
+            del model
+    ref = losses[backends[0]]
+    return {b: {"loss": losses[b], "delta": (d := {s: losses[b][s] - ref[s] for s in ref}),
+                "pass": all(abs(x) <= tolerance for x in d.values())} for b in backends}
+
+
 def to_markdown(result: dict, command: str, tolerance: float) -> str:
     names = list(result["backends"])
     ref = names[0]
@@ -100,6 +134,15 @@ def to_markdown(result: dict, command: str, tolerance: float) -> str:
             ("pass" if r["pass"] else "**FAIL**")
         lines.append(f"| {b} | {r['val_loss'][last]:.4f} | {r['final_delta_val']:+.4f} | {r['max_abs_delta_val']:.4f} | "
                      f"{r['mean_delta_train_last_half']:+.4f} | {ppl} | {word} | {verdict} |")
+    if "teacher" in result:
+        steps = list(result["teacher"][ref]["delta"])
+        lines += ["", f"Teacher-forced: each backend's validation loss on `{ref}`'s weights at its checkpoints, minus "
+                  f"`{ref}`'s own (the same function on trained weights; no training dynamics). Pass: every |Δ| ≤ "
+                  f"{tolerance}.", "", "| backend | " + " | ".join(f"Δ at {s}" for s in steps) + " | verdict |",
+                  "|---|" + "---|" * (len(steps) + 1)]
+        for b, r in result["teacher"].items():
+            verdict = "reference" if b == ref else ("pass" if r["pass"] else "**FAIL**")
+            lines.append(f"| {b} | " + " | ".join(f"{r['delta'][s]:+.5f}" for s in steps) + f" | {verdict} |")
     floor = [r for b, r in result["backends"].items() if b.endswith("~")]
     if floor:
         lines += ["", f"Noise floor: `{ref}~` is `{ref}` again with the micro-batch split in two (the same rows, "
@@ -138,6 +181,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tolerance", type=float, default=0.01, help="|Δ val loss| in nats at the last evaluation")
     p.add_argument("--floor", action="store_true", help="also re-run the reference with the micro-batch split "
                    "in two (same rows per step): the noise floor of the comparison")
+    p.add_argument("--teacher", action="store_true", help="also score every backend on the reference's weights "
+                   "at each evaluation (the same function on trained weights, no training dynamics)")
     p.add_argument("--parallel", action="store_true", help="train all runs at once (one device; memory permitting)")
     p.add_argument("--out", type=Path, help="folder for the runs and parity.{json,md,png} (default runs/parity_<config>)")
     args, overrides = p.parse_known_args(argv)
@@ -148,6 +193,9 @@ def main(argv: list[str] | None = None) -> dict:
     out = args.out or REPO / "runs" / f"parity_{stem}"
     runs = {b: out / f"{stem}_{slug(b)}" for b in backends}
     extra = {b: [] for b in backends}
+    if args.teacher:        # the reference keeps its weights at every evaluation for teacher_forced
+        extra[backends[0]] += [f"--train.ckpt_interval={args.eval_interval}",
+                               f"--train.keep_ckpts={args.steps // args.eval_interval + 1}"]
     if args.floor:
         floor = f"{backends[0]}~"
         runs = {backends[0]: runs[backends[0]], floor: out / f"{stem}_{backends[0]}_floor", **runs}
@@ -189,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     result = {"config": args.config, "steps": args.steps, "tolerance": args.tolerance, "device": device,
               "overrides": overrides, "backends": compare(runs, tests, args.tolerance)}
+    if args.teacher:
+        result["teacher"] = teacher_forced(runs[backends[0]], backends, data_overrides, args.tolerance)
     command = "python scripts/parity.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "parity.md").write_text(to_markdown(result, command, args.tolerance))

@@ -35,3 +35,16 @@ def test_parity_naive_vs_chunk(tmp_path, parallel, other, run):
         assert "step" in (tmp_path / f"{run}.log").read_text()
         assert "gla=fused[state]" in (tmp_path / f"{run}.log").read_text()   # the run used only that component
     assert (tmp_path / "parity.png").stat().st_size > 0 and other in (tmp_path / "parity.md").read_text()
+
+
+def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path):
+    """--teacher: the reference keeps a checkpoint per evaluation; every backend is scored on each. In fp32
+    chunk's Δ there is rounding only, and the reference's own is exactly 0."""
+    result = main(["--config", "configs/smoke.yaml", "--backends", "naive,chunk", "--steps", "4", "--eval-interval", "2",
+                   "--teacher", "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
+    teacher = result["teacher"]
+    assert list(teacher["naive"]["delta"]) == [2, 4] and set(teacher["naive"]["delta"].values()) == {0.0}
+    assert teacher["chunk"]["pass"] and all(abs(d) < 1e-5 for d in teacher["chunk"]["delta"].values())
+    # the losses differ between checkpoints: each step's weights were loaded, not the last ones twice
+    assert teacher["chunk"]["loss"][2] != teacher["chunk"]["loss"][4]
+    assert "Teacher-forced" in (tmp_path / "parity.md").read_text()
