@@ -40,14 +40,15 @@ def run_backend(cfg: ModelConfig, state: dict, idx: torch.Tensor, bf16: bool) ->
 
 
 def compare(cfg: ModelConfig, backends: list[str], batch: int = 2, seq_len: int | None = None,
-            device: str = "cuda", seed: int = 0) -> dict:
+            device: str = "cuda", seed: int = 0, state: dict | None = None) -> dict:
     """{label: {"loss", "logits", "grads": {param: rel. error}}} against the fp32 naive model; labels are
-    'naive bf16' (PyTorch's own bf16 error) and each backend, bf16 on CUDA and fp32 elsewhere."""
+    'naive bf16' (PyTorch's own bf16 error) and each backend, bf16 on CUDA and fp32 elsewhere. `state`:
+    the weights (a checkpoint's), else a fresh init."""
     torch.manual_seed(seed)
     T = seq_len or cfg.max_seq_len
     idx = torch.randint(0, cfg.vocab_size, (batch, T + 1), device=device)
     naive = dataclasses.replace(cfg, backend="naive")
-    state = build_model(naive).state_dict()
+    state = build_model(naive).state_dict() if state is None else state
     ref = run_backend(naive, state, idx, bf16=False)
     bf16 = device == "cuda"
     runs = {"naive bf16": run_backend(naive, state, idx, bf16=True)} if bf16 else {}
@@ -77,15 +78,34 @@ def main() -> None:
     from config import load_config
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="model config for a fresh init (or --ckpt)")
+    p.add_argument("--ckpt", help="checkpoint or run folder: its trained weights and whole model instead "
+                   "(--n-layers ignored); the batch is still random tokens")
     p.add_argument("--backends", default="chunk")
     p.add_argument("--n-layers", type=int, default=2, help="layers to keep (the check is per layer)")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=2048)
     args = p.parse_args()
-    cfg = dataclasses.replace(load_config(args.config).model, n_layers=args.n_layers)
+    state = None
+    if args.ckpt:
+        import json
+
+        from safetensors.torch import load_file
+
+        from config import config_from_dict
+        from utils.checkpoint import STATE_FILE, WEIGHTS_FILE, resolve_checkpoint
+
+        path = resolve_checkpoint(args.ckpt)
+        cfg = dataclasses.replace(config_from_dict(json.loads((path / STATE_FILE).read_text())["config"]).model,
+                                  backend="naive", fuse="")
+        state = load_file(str(path / WEIGHTS_FILE))
+        print(f"weights: {path}")
+    elif args.config:
+        cfg = dataclasses.replace(load_config(args.config).model, n_layers=args.n_layers)
+    else:
+        p.error("one of --config or --ckpt is required")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    errs = compare(cfg, args.backends.split(","), args.batch, args.seq_len, device)
+    errs = compare(cfg, args.backends.split(","), args.batch, args.seq_len, device, state=state)
     names = list(next(iter(errs.values()))["grads"])
     labels = list(errs)
     print(f"{'vs fp32 naive':<40}" + "".join(f"{lab:>14}" for lab in labels))
