@@ -37,7 +37,7 @@ def test_parity_naive_vs_chunk(tmp_path, parallel, other, run):
     assert (tmp_path / "parity.png").stat().st_size > 0 and other in (tmp_path / "parity.md").read_text()
 
 
-def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path):
+def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path, monkeypatch):
     """--teacher: the reference keeps a checkpoint per evaluation; every backend is scored on each. In fp32
     chunk's Δ there is rounding only, and the reference's own is exactly 0."""
     result = main(["--config", "configs/smoke.yaml", "--backends", "naive,chunk", "--steps", "4", "--eval-interval", "2",
@@ -48,3 +48,25 @@ def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path):
     # the losses differ between checkpoints: each step's weights were loaded, not the last ones twice
     assert teacher["chunk"]["loss"][2] != teacher["chunk"]["loss"][4]
     assert "Teacher-forced" in (tmp_path / "parity.md").read_text()
+
+    # the check can fail: a backend whose model is not the reference's (noise on its weights) does
+    import torch
+
+    import eval.perplexity as perplexity
+    from scripts.parity import teacher_forced
+
+    real = perplexity.load_model
+
+    def nudged(ckpt, backend=None, device="cpu", fuse=None):
+        model, cfg, path = real(ckpt, backend, device, fuse)
+        if backend == "chunk":
+            torch.manual_seed(0)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+        return model, cfg, path
+
+    monkeypatch.setattr(perplexity, "load_model", nudged)
+    wrong = teacher_forced(tmp_path / "smoke_naive", ["naive", "chunk"], [f"--data.cache_dir={tmp_path / 'cache'}"],
+                           1e-4)
+    assert wrong["naive"]["pass"] and not wrong["chunk"]["pass"]
