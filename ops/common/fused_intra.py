@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ops.common.chunk_intra import _diag_scores, _offdiag_scores
 from ops.common.fused_chunk import chunk_decay
-from ops.common.fused_scan import MAX_RANGE, dot_split
+from ops.common.fused_scan import MAX_RANGE, dot_split, load_chunk_keys
 from ops.common.tiles import dot_precision, tile
 
 
@@ -41,10 +41,7 @@ def fused_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             m_k = o_k < K
             m_tk = m_t[:, None] & m_k[None, :]
             p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-            b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-            b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
-            b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
-            b_b = tl.where(m_tk, tl.load(b + p_tk, mask=m_tk, other=0.0), b_bl[None, :])   # padded rows: exp(0)
+            b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, ((i_b * T + last) * H + i_h) * K + o_k, m_k)
             b_A += dot_split(b_q * tl.exp(b_b - b_bl[None, :]), tl.trans(b_k * tl.exp(b_bl[None, :] - b_b)), b_q,
                              PREC, SPLIT)
         b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A * scale, 0.0)

@@ -46,6 +46,18 @@ def dot_split(a, b, like, PREC: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def load_chunk_keys(q, k, b, p_tk, m_tk, p_bl, m_k):
+    """One key tile of a chunk for the factorised scores: q, k and b [C, BK] at offsets p_tk, and b_L [BK], b at
+    the chunk's last valid row (offsets p_bl). b's padded rows are set to b_L, so every exponent of
+    exp(b − b_L) and exp(b_L − b) is 0 there, whatever the padding holds."""
+    b_bl = tl.load(b + p_bl, mask=m_k, other=0.0)
+    b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
+    b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
+    b_b = tl.where(m_tk, tl.load(b + p_tk, mask=m_tk, other=0.0), b_bl[None, :])
+    return b_q, b_k, b_b, b_bl
+
+
+@triton.jit
 def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                           V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           MAXR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SAVE: tl.constexpr,

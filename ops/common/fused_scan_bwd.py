@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ops.common.fused_chunk import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
-from ops.common.fused_scan import MAX_RANGE, dot_split
+from ops.common.fused_scan import MAX_RANGE, dot_split, load_chunk_keys
 from ops.common.movement import bwd_key_tile
 from ops.common.tiles import dot_precision
 
@@ -43,12 +43,8 @@ def fused_scan_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, N
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         last = tl.minimum(i_t * BT + BT, T) - 1
-        b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
         p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
-        b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
-        b_b = tl.load(b + p_tk, mask=m_tk, other=0.0)
-        b_b = tl.where(m_tk, b_b, b_bl[None, :])                     # padded rows: every exponent 0
+        b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, ((i_b * T + last) * H + i_h) * K + o_k, m_k)
         e_q = tl.exp(b_b - b_bl[None, :])                            # ≤ exp(MAXR)
         e_k = tl.exp(b_bl[None, :] - b_b)                            # ≤ 1
         b_kd = (b_k * e_k).to(b_k.dtype)
@@ -115,10 +111,7 @@ def fused_scan_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr,
             m_k = o_k < K
             m_tk = m_t[:, None] & m_k[None, :]
             p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-            b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-            b_q = tl.load(q + p_tk, mask=m_tk, other=0.0)
-            b_k = tl.load(k + p_tk, mask=m_tk, other=0.0)
-            b_b = tl.where(m_tk, tl.load(b + p_tk, mask=m_tk, other=0.0), b_bl[None, :])
+            b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, ((i_b * T + last) * H + i_h) * K + o_k, m_k)
             b_kd = b_k * tl.exp(b_bl[None, :] - b_b)
             b_At += dot_split(b_kd, tl.trans(b_q * tl.exp(b_b - b_bl[None, :]) * scale), b_q, PREC, SPLIT)
             b_dhn = tl.load(dh + p_kv + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
