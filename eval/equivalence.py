@@ -88,17 +88,10 @@ def main() -> None:
     args = p.parse_args()
     state = None
     if args.ckpt:
-        import json
+        from eval.perplexity import load_model
 
-        from safetensors.torch import load_file
-
-        from config import config_from_dict
-        from utils.checkpoint import STATE_FILE, WEIGHTS_FILE, resolve_checkpoint
-
-        path = resolve_checkpoint(args.ckpt)
-        cfg = dataclasses.replace(config_from_dict(json.loads((path / STATE_FILE).read_text())["config"]).model,
-                                  backend="naive", fuse="")
-        state = load_file(str(path / WEIGHTS_FILE))
+        model, full, path = load_model(args.ckpt, "naive", fuse="")
+        cfg, state = full.model, model.state_dict()
         print(f"weights: {path}")
     elif args.config:
         cfg = dataclasses.replace(load_config(args.config).model, n_layers=args.n_layers)

@@ -16,10 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+from eval.equivalence import rel  # noqa: E402
 from ops.common.chunk_intra import chunk_intra_fwd, chunk_intra_fwd_ref  # noqa: E402
 from ops.common.cumsum import chunk_cumsum  # noqa: E402
 from ops.common.fused_intra import fused_intra_fwd  # noqa: E402
-from tests.helpers import rel_err  # noqa: E402
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
                    "fused_intra_fwd (3 dots)": lambda: fused_intra_fwd(q, k, b, K ** -0.5, C),
                    "fused_intra_fwd (1 dot)": lambda: fused_intra_fwd(q, k, b, K ** -0.5, C, SPLIT=False)}
         for name, fn in kernels.items():
-            err = rel_err(fn(), ref)
+            err = rel(fn(), ref)
             ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             print(f"| {B} {T} {H} {K} | {name} | {err:.2e} | {ms:.3f} |", flush=True)
         del ref
