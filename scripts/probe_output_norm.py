@@ -33,8 +33,8 @@ def probe(config: str, layers: int, trials: int, overrides: list[str], B: int = 
     torch.manual_seed(0)
     model = build_model(cfg.model).double()
     outputs: list[torch.Tensor] = []
+    op_name = OPS[cfg.model.family]
     for block in model.blocks:
-        op_name = OPS[cfg.model.family]
         op = getattr(block.mixer, op_name)
 
         def keep(*a, op=op, **k):

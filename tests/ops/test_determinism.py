@@ -16,7 +16,7 @@ DEVICE = "cuda" if GPU else "cpu"
 CASES = [("gla", "chunk"), ("gla", "fused"), ("gated_delta", "chunk"), ("ssd", "chunk"), ("ssd", "fused")]
 
 
-def inputs(op: str, seed: int) -> tuple[list[torch.Tensor], dict]:
+def inputs(op: str, seed: int) -> list[torch.Tensor]:
     """Leaf inputs (requires_grad) for op at T not a multiple of the chunk size."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     dt = torch.bfloat16 if GPU else torch.float32
@@ -32,7 +32,7 @@ def inputs(op: str, seed: int) -> tuple[list[torch.Tensor], dict]:
     else:   # ssd: x, dt, A, B, C with one group
         xs = [r(B, T, H, V), F.softplus(r(B, T, H, dtype=torch.float32)), -torch.rand(H, generator=g, device=DEVICE) - 0.5,
               r(B, T, 1, K), r(B, T, 1, K)]
-    return [x.requires_grad_() for x in xs], {}
+    return [x.requires_grad_() for x in xs]
 
 
 def poison() -> None:
@@ -43,7 +43,7 @@ def poison() -> None:
 
 
 def run(op: str, backend: str) -> list[torch.Tensor]:
-    xs, _ = inputs(op, seed=0)
+    xs = inputs(op, seed=0)
     out, _ = get_op(op, backend)(*xs)
     torch.manual_seed(1)
     out.backward(torch.randn_like(out))
