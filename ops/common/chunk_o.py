@@ -241,12 +241,17 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
 
 def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4,
                   num_stages: int | None = None):
-    """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay)."""
+    """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
+    num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined (3 stages, Triton's
+    default), the scalar-decay kernel raced on the H100 at gdn_125m's layer (K = V = 128, two V tiles): about
+    one call in 600 gave different dk and db bits on identical inputs, and two identical bf16 trainings parted
+    (scripts/stress_dqkb.py; bench/results/2026-11-24-h100-gdn-determinism/). Unpipelined it never did."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = tile(K), tile(V)
     NK = triton.cdiv(K, BK)
     scalar = b.shape[-1] == 1
+    num_stages = 1 if num_stages is None and scalar else num_stages
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)

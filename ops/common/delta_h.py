@@ -130,21 +130,21 @@ def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tens
 
 def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tensor, A: torch.Tensor,
                 do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, scale: float, chunk_size: int,
-                BV: int | None = None, num_warps: int = 8):
+                BV: int | None = None, num_warps: int = 8, num_stages: int | None = None):
     """A: [B, T, H, C] intra-chunk scores; do: [B, T, H, V]. Returns dh [B, NT, H, K, V] in q's dtype
-    (gradient of the state leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None."""
+    (gradient of the state leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None.
+    num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory pipelined."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = _state_tiles(K, V, BV)
     dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     dv_new = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
+    if num_stages is None:   # fp32 at K = V = 128: pipelined, the loop asked for 312 KB of shared memory (H100: 227)
+        num_stages = 1 if do.element_size() == 4 and BK * BV > 4096 else 3
     delta_h_bwd_kernel[(triton.cdiv(V, BV), B * H)](q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
                                                      chunk_size, BK, BV, dht is not None, need_dh0,
-                                                     dot_precision(do), num_warps=num_warps,
-                                                     # fp32 at K = V = 128: the pipelined loop asked for 312 KB
-                                                     # of shared memory on the H100 (limit 227 KB)
-                                                     num_stages=1 if do.element_size() == 4 and BK * BV > 4096 else 3)
+                                                     dot_precision(do), num_warps=num_warps, num_stages=num_stages)
     return dh, dv_new, dh0
 
 

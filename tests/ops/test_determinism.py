@@ -72,3 +72,28 @@ def test_poison_reaches_fresh_buffers(n):
     if not GPU and not fresh.isnan().any():
         pytest.skip("the CPU allocator did not reuse the poisoned memory; the check above is weaker here")
     assert fresh.isnan().any()
+
+
+@pytest.mark.skipif(not GPU, reason="a race needs a GPU: the CPU interpreter runs a program's lanes in order")
+@pytest.mark.parametrize("shape", ["gdn_125m", "gla_340m", "mamba2_130m"])
+def test_chunk_bwd_dqkb_bitwise_under_stress(shape):
+    """chunk_bwd_dqkb 3000 times on fixed inputs, a GEMM of random size between calls. Pipelined, its scalar-decay
+    kernel gave different dk and db bits about once in 600 calls at gdn_125m's layer on the H100, so this
+    would have failed with probability 0.99 (bench/results/2026-11-24-h100-gdn-determinism/)."""
+    from scripts.stress_dqkb import SHAPES, count_differing, dqkb_inputs
+    assert count_differing(dqkb_inputs(*SHAPES[shape]), repeats=3000, num_stages=None) == [0, 0, 0]
+
+
+def test_stress_probe_counts_differing_calls(monkeypatch):
+    """The stress probe's negative control: a kernel whose dk changes on every other call is counted so."""
+    import scripts.stress_dqkb as stress
+
+    real, calls = stress.chunk_bwd_dqkb, []
+
+    def flaky(*args, **kw):
+        dq, dk, db = real(*args, **kw)
+        calls.append(1)
+        return dq, dk + float(len(calls) % 2 == 0), db
+    monkeypatch.setattr(stress, "chunk_bwd_dqkb", flaky)
+    args = stress.dqkb_inputs(1, 40, 2, 16, 16, True, C=16, device=DEVICE, dtype=torch.float32)
+    assert stress.count_differing(args, repeats=4, num_stages=None, noise=False) == [0, 2, 0]
