@@ -4,6 +4,7 @@ scripts/debug_gdn_determinism.py found inside this backward during training.
 
     python scripts/repeat_gdn_backward.py --shape 4 2048 6 128 128 --seeds 8 --repeats 200
     python scripts/repeat_gdn_backward.py ... --delta-h-stages 1          # a candidate fix, same inputs
+    python scripts/repeat_gdn_backward.py ... --forward                   # the forward's stages repeated too
 
 The default shape is gdn_125m's layer at the parity runs' micro-batch (B4 T2048 H6 K=V=128, bf16). Between
 repeats a GEMM of a random size runs, so each backward starts from a different cache and clock state, as in
@@ -24,12 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ops.common.chunk_o import chunk_bwd_dqkb  # noqa: E402
 from ops.common.delta_h import delta_h_bwd  # noqa: E402
 from ops.gated_delta import chunk as gdc  # noqa: E402
+from scripts.stress_dqkb import same_bits  # noqa: E402
 
 STAGES = ["chunk_bwd_dA", "chunk_intra_bwd", "delta_h_bwd", "chunk_bwd_dqkb", "wy_bwd"]
+FORWARD_STAGES = ["wy_fwd", "delta_h_fwd", "chunk_fwd_o_scalar"]
 
 
 def inputs(shape: tuple[int, ...], seed: int, device: str, dtype: torch.dtype) -> list[torch.Tensor]:
-    """q, k (L2-normalised), v, g (log-decay), beta, and the output gradient's generator seed."""
+    """q, k [B, T, H, K] (L2-normalised), v [B, T, H, V] in dtype; g (log-decay) [B, T, H] and beta [B, T, H] in
+    fp32 and dtype. All require grad."""
     B, T, H, K, V = shape
     g = torch.Generator(device=device).manual_seed(seed)
 
@@ -48,7 +52,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=100)
     ap.add_argument("--delta-h-stages", type=int, default=None, help="num_stages of delta_h_bwd (default: its own)")
-    ap.add_argument("--dqkb-stages", type=int, default=None, help="num_stages of chunk_bwd_dqkb (default: Triton's)")
+    ap.add_argument("--dqkb-stages", type=int, default=None, help="num_stages of chunk_bwd_dqkb (default: its own)")
+    ap.add_argument("--forward", action="store_true", help="run the forward again in every repeat and compare its "
+                    "stages and output too (as training does)")
     ap.add_argument("--no-noise", action="store_true", help="no GEMM between repeats")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,7 +73,8 @@ def main() -> None:
                                  for x in (out if isinstance(out, tuple) else (out,)))
             return out
         setattr(gdc, name, traced)     # ChunkGatedDelta.backward looks these up in the module at call time
-    for name in STAGES:
+    stages = STAGES + (FORWARD_STAGES if a.forward else [])
+    for name in stages:
         wrap(name)
     differ: dict[str, int] = {}
     gen = torch.Generator().manual_seed(0)
@@ -81,17 +88,22 @@ def main() -> None:
             if not a.no_noise and device == "cuda":
                 n = int(torch.randint(256, 4096, (1,), generator=gen))
                 torch.randn(n, n, device=device, dtype=dtype).matmul(torch.randn(n, n, device=device, dtype=dtype))
+            if a.forward:
+                o, _ = gdc.gated_delta(*xs)
             grads = torch.autograd.grad(o, xs, do, retain_graph=True)
-            now = {**{s: record[s] for s in STAGES}, "grads": grads}
+            now = {**{s: record[s] for s in stages}, "grads": grads}
+            if a.forward:
+                now["o"] = (o.detach().clone(),)
             if first is None:
                 first = now
                 continue
             for s, outs in now.items():
                 for i, (x, y) in enumerate(zip(first[s], outs)):
-                    if x is not None and not torch.equal(x, y):
+                    if x is not None and not same_bits(x, y):
                         differ[f"{s}[{i}]"] = differ.get(f"{s}[{i}]", 0) + 1
     print(json.dumps({"shape": a.shape, "seeds": a.seeds, "repeats": a.repeats, "delta_h_stages": a.delta_h_stages,
-                      "dqkb_stages": a.dqkb_stages, "noise": not a.no_noise, "compared": a.seeds * (a.repeats - 1),
+                      "dqkb_stages": a.dqkb_stages, "forward": a.forward, "noise": not a.no_noise,
+                      "compared": a.seeds * (a.repeats - 1),
                       "differing": differ}))
 
 

@@ -45,9 +45,17 @@ def dqkb_inputs(B: int, T: int, H: int, K: int, V: int, scalar: bool, C: int = 6
             r(B, T, H, K, dt=torch.float32), K ** -0.5, C)
 
 
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit-for-bit equality (torch.equal takes −0.0 for +0.0 and NaN for unequal to itself)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return torch.equal(x.contiguous().view(as_int), y.contiguous().view(as_int))
+
+
 def count_differing(args: tuple, repeats: int, num_stages: int | None, noise: bool = True, seed: int = 0) -> list[int]:
     """Runs chunk_bwd_dqkb(*args) `repeats` times; returns per output (dq, dk, db) how many runs differed
-    from the first."""
+    from the first. In the H100 runs dk and db always differed together."""
     first = chunk_bwd_dqkb(*args, num_stages=num_stages)
     differ, gen = [0, 0, 0], torch.Generator().manual_seed(seed)
     kw = dict(device=args[0].device, dtype=args[0].dtype)
@@ -56,7 +64,7 @@ def count_differing(args: tuple, repeats: int, num_stages: int | None, noise: bo
             n = int(torch.randint(256, 4096, (1,), generator=gen))
             torch.randn(n, n, **kw) @ torch.randn(n, n, **kw)
         for i, (x, y) in enumerate(zip(first, chunk_bwd_dqkb(*args, num_stages=num_stages))):
-            differ[i] += not torch.equal(x, y)
+            differ[i] += not same_bits(x, y)
     return differ
 
 
@@ -79,8 +87,8 @@ def main() -> None:
             print(f"{name:<12} {ns or 'def':>6} {a.repeats:>6} {differ[0]:>4} {differ[1]:>4} {differ[2]:>4} {us:>8.1f}",
                   flush=True)
     if a.out:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, noise=not a.no_noise,
-                       rows=rows), open(a.out, "w"), indent=1)
+        Path(a.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                                               noise=not a.no_noise, rows=rows), indent=1))
 
 
 if __name__ == "__main__":

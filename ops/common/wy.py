@@ -291,13 +291,14 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     (= du; dw = −dv_new h_nᵀ); dk_in: [B, T, H, K], the rest of dk. Returns dk (k's dtype, dk_in
     included), dv (v's dtype), dβ [B, T, H] fp32 and the WY part of db [B, T, H] fp32.
     num_warps: None picks 4, or 8 for fp32 at C = 128: there the [C, C] fp32 dots (no tensor cores) at 4 warps
-    kept Triton 3.6's PTX lowering busy for over 6 minutes on the H100; at 8 it compiles in under a minute
+    kept Triton 3.6's PTX lowering busy past a 420 s test limit on the H100; at 8 it compiles in under a minute
     (bench/results/2026-11-24-h100-gdn-determinism/)."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     prec = dot_precision(k)
-    num_warps = num_warps or (8 if prec == "ieee" and chunk_size == 128 else 4)
+    if num_warps is None:
+        num_warps = 8 if prec == "ieee" and chunk_size == 128 else 4
     dk_wy = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
     M = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=k.device)
     dv, dk = torch.empty_like(v), torch.empty_like(k)
