@@ -12,12 +12,30 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ops.gated_delta import chunk as gdc  # noqa: E402
+
+BACKWARD_STAGES = ["chunk_bwd_dA", "chunk_intra_bwd", "delta_h_bwd", "chunk_bwd_dqkb", "wy_bwd"]
+
+
+def trace_stages(names: list[str], record: Callable[[str, tuple], None]) -> None:
+    """Wrap each named stage function of ops.gated_delta.chunk so that record(name, outputs) sees every call's
+    outputs (a tuple). ChunkGatedDelta looks its stages up in the module at call time, so this reaches them."""
+    def wrap(name: str) -> None:
+        f = getattr(gdc, name)
+
+        def traced(*a, **k):
+            out = f(*a, **k)
+            record(name, out if isinstance(out, tuple) else (out,))
+            return out
+        setattr(gdc, name, traced)
+    for name in names:
+        wrap(name)
 
 
 def fp(x: torch.Tensor | None) -> str:
@@ -31,17 +49,7 @@ def fp(x: torch.Tensor | None) -> str:
 
 def main() -> None:
     log, stages, n = open(os.environ["TRACE_LOG"], "w"), [], {"f": 0, "b": 0}
-
-    def wrap(name: str) -> None:
-        f = getattr(gdc, name)
-
-        def traced(*a, **k):
-            out = f(*a, **k)
-            stages.append(name + ":" + ",".join(fp(x) for x in (out if isinstance(out, tuple) else (out,))))
-            return out
-        setattr(gdc, name, traced)     # ChunkGatedDelta.backward looks these up in the module at call time
-    for name in ["chunk_bwd_dA", "chunk_intra_bwd", "delta_h_bwd", "chunk_bwd_dqkb", "wy_bwd"]:
-        wrap(name)
+    trace_stages(BACKWARD_STAGES, lambda name, outs: stages.append(name + ":" + ",".join(fp(x) for x in outs)))
     cls = gdc.ChunkGatedDelta
     fwd, bwd = cls.forward, cls.backward
 

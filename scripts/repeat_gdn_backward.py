@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ops.common.chunk_o import chunk_bwd_dqkb  # noqa: E402
 from ops.common.delta_h import delta_h_bwd  # noqa: E402
 from ops.gated_delta import chunk as gdc  # noqa: E402
-from scripts.stress_dqkb import same_bits  # noqa: E402
+from scripts.debug_gdn_determinism import BACKWARD_STAGES, trace_stages  # noqa: E402
+from scripts.stress_dqkb import noise_gemm, same_bits  # noqa: E402
 
-STAGES = ["chunk_bwd_dA", "chunk_intra_bwd", "delta_h_bwd", "chunk_bwd_dqkb", "wy_bwd"]
 FORWARD_STAGES = ["wy_fwd", "delta_h_fwd", "chunk_fwd_o_scalar"]
 
 
@@ -63,19 +63,9 @@ def main() -> None:
     if a.dqkb_stages is not None:
         gdc.chunk_bwd_dqkb = partial(chunk_bwd_dqkb, num_stages=a.dqkb_stages)
     record: dict[str, tuple] = {}
-
-    def wrap(name: str) -> None:
-        f = getattr(gdc, name)
-
-        def traced(*args, **kw):
-            out = f(*args, **kw)
-            record[name] = tuple(x.detach().clone() if x is not None else None
-                                 for x in (out if isinstance(out, tuple) else (out,)))
-            return out
-        setattr(gdc, name, traced)     # ChunkGatedDelta.backward looks these up in the module at call time
-    stages = STAGES + (FORWARD_STAGES if a.forward else [])
-    for name in stages:
-        wrap(name)
+    stages = BACKWARD_STAGES + (FORWARD_STAGES if a.forward else [])
+    trace_stages(stages, lambda name, outs: record.__setitem__(
+        name, tuple(x.detach().clone() if x is not None else None for x in outs)))
     differ: dict[str, int] = {}
     gen = torch.Generator().manual_seed(0)
     for seed in range(a.seeds):
@@ -86,8 +76,7 @@ def main() -> None:
         first = None
         for rep in range(a.repeats):
             if not a.no_noise and device == "cuda":
-                n = int(torch.randint(256, 4096, (1,), generator=gen))
-                torch.randn(n, n, device=device, dtype=dtype).matmul(torch.randn(n, n, device=device, dtype=dtype))
+                noise_gemm(gen, device, dtype)
             if a.forward:
                 o, _ = gdc.gated_delta(*xs)
             grads = torch.autograd.grad(o, xs, do, retain_graph=True)

@@ -53,16 +53,20 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
     return torch.equal(x.contiguous().view(as_int), y.contiguous().view(as_int))
 
 
+def noise_gemm(gen: torch.Generator, device: torch.device | str, dtype: torch.dtype) -> None:
+    """A square GEMM of random size (256–4095), so the next call starts from another cache and clock state."""
+    n = int(torch.randint(256, 4096, (1,), generator=gen))
+    torch.randn(n, n, device=device, dtype=dtype) @ torch.randn(n, n, device=device, dtype=dtype)
+
+
 def count_differing(args: tuple, repeats: int, num_stages: int | None, noise: bool = True, seed: int = 0) -> list[int]:
     """Runs chunk_bwd_dqkb(*args) `repeats` times; returns per output (dq, dk, db) how many runs differed
     from the first. In the H100 runs dk and db always differed together."""
     first = chunk_bwd_dqkb(*args, num_stages=num_stages)
     differ, gen = [0, 0, 0], torch.Generator().manual_seed(seed)
-    kw = dict(device=args[0].device, dtype=args[0].dtype)
     for _ in range(repeats):
         if noise:
-            n = int(torch.randint(256, 4096, (1,), generator=gen))
-            torch.randn(n, n, **kw) @ torch.randn(n, n, **kw)
+            noise_gemm(gen, args[0].device, args[0].dtype)
         for i, (x, y) in enumerate(zip(first, chunk_bwd_dqkb(*args, num_stages=num_stages))):
             differ[i] += not same_bits(x, y)
     return differ
