@@ -31,9 +31,11 @@ from ops.common.tiles import dot_precision, tile
 @triton.jit
 def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+                       SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
+                       SEEDED: tl.constexpr):
     """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
-    state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused)."""
+    state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused).
+    SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from)."""
     i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
@@ -42,7 +44,10 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
+    if SEEDED:
+        b_h += tl.load(h0 + ((i_b * S + i_s) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]), mask=m_kv,
+                       other=0.0).to(tl.float32)
+    elif USE_H0:
         if i_s == 0:
             b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     b_lam = tl.zeros([BK], dtype=tl.float32)
@@ -70,7 +75,8 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
             b_h *= tl.exp(b_bl)[:, None]
             b_lam += b_bl
         b_h += tl.dot(tl.trans(b_kd.to(b_v.dtype)), b_v, input_precision=PREC)
-    _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_HT)
+    if not SEEDED:
+        _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_HT)
 
 
 @triton.jit
@@ -196,12 +202,33 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     # 4 warps unpipelined: 0.282 → 0.210 ms at the GLA-340M layer on the H100, the same at the MVE shape
     # (scripts/debug_chunk_stages.py --sweep).
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
-                             h0 is not None, output_final_state, dot_precision(v),
+                             h0 is not None, output_final_state, dot_precision(v), False,
                              **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  False, output_final_state)
     return h, ht
+
+
+def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, **launch):
+    """The state entering every chunk, h [B, NT, H, K, V] in k's dtype, recomputed from the states kept every
+    `interval` rows (a multiple of chunk_size), h_kept [B, cdiv(T, interval), H, K, V]: one program per kept
+    state walks the interval's chunks, so the recompute runs interval / chunk_size chunks deep, not NT.
+    The backward of a chunk size larger than the kernels' sub-blocks (ops/gla/fused.py) calls it; the
+    forward kept a quarter of the states. k, v, b as chunk_fwd_h's, b local to each chunk_size chunk."""
+    B, T, H, K = k.shape
+    V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    NS, S = interval // chunk_size, h_kept.shape[1]
+    if interval % chunk_size or S != triton.cdiv(T, interval):
+        raise ValueError(f"chunk_fwd_h_from: states kept every {interval} rows of T = {T} ({S} given) cannot seed "
+                         f"chunks of {chunk_size}")
+    BK, BV = tile(K), tile(V)
+    h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
+    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
+    chunk_fwd_h_kernel[grid](k, v, b, h, h_kept.contiguous(), None, None, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
+                             b.shape[-1] == 1, False, False, dot_precision(v), True,
+                             **(dict(num_warps=4, num_stages=1) | launch))
+    return h
 
 
 def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, segments: int = 1):

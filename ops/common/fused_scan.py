@@ -15,7 +15,8 @@ token-by-token recurrence instead, h ← exp(g_t) ⊙ h + k_tᵀ v_t, o_t = scal
 registers; it is slow but never overflows. Both paths are tested against naive (tests/ops/test_fused_scan.py).
 
 For the backward it stores b (fp32) and the state entering each chunk, h [B, NT, H, K, V], as
-chunk_h.chunk_fwd_h does (fused_scan_bwd.py reads both).
+chunk_h.chunk_fwd_h does (fused_scan_bwd.py reads both); with `interval` a multiple of the chunk size, only
+the state entering every interval-th row (chunk_h.chunk_fwd_h_from recomputes the others).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def load_chunk_keys(q, k, b, p_tk, m_tk, p_bl, m_k):
 
 @triton.jit
 def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
-                          V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          V: tl.constexpr, BT: tl.constexpr, NS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           MAXR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SAVE: tl.constexpr,
                           PREC: tl.constexpr, SPLIT: tl.constexpr):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
@@ -82,8 +83,9 @@ def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.const
         p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
         p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
         if SAVE:
-            tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                     b_h.to(h.dtype.element_ty), mask=m_kv)
+            if i_t % NS == 0:                           # the kept states: every NS-th chunk's
+                tl.store(h + ((i_b * tl.cdiv(NT, NS) + i_t // NS) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                         b_h.to(h.dtype.element_ty), mask=m_kv)
         b_g = tl.load(g + p_tk, mask=m_tk, other=0.0).to(tl.float32)
         b_b = tl.cumsum(b_g, axis=0)
         if SAVE:
@@ -117,17 +119,22 @@ def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.const
 
 def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
                    initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int, save: bool,
-                   max_range: float = MAX_RANGE, **launch):
+                   max_range: float = MAX_RANGE, interval: int | None = None, **launch):
     """q, k, g: [B, T, H, K] (g the per-step log-decay, ≤ 0); v: [B, T, H, V]; initial_state [B, H, K, V].
     Returns o [B, T, H, V] (v's dtype), the final state (fp32, or None), and with `save` the
-    backward's b [B, T, H, K] fp32 (chunk-local cumsum of g) and h [B, NT, H, K, V] (the state
-    entering each chunk, v's dtype), else None, None.
+    backward's b [B, T, H, K] fp32 (chunk-local cumsum of g) and h [B, cdiv(T, interval), H, K, V] (the
+    state entering each chunk, or with `interval` a multiple of chunk_size only every interval-th row's;
+    v's dtype), else None, None.
     max_range < 0 forces the exact path everywhere (tests); launch may override BV (≥ MIN_BV on a GPU),
     num_warps, num_stages (sweeps). BV and num_warps come from the data-movement model (movement.kernel_tiles:
     at the MVE shape BV 64 with 4 warps, at K = 128, V = 256 BV 64 with 8 warps, both the H100 sweeps'
     best, bench/results/2026-11-24-h100-fused-scan.md)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    interval = interval or chunk_size
+    if interval % chunk_size:
+        raise ValueError(f"fused_scan_fwd keeps states every interval = {interval} rows: a multiple of the "
+                         f"chunk size {chunk_size}")
     if K > 256:
         raise ValueError(f"fused_scan_fwd holds a whole key row per program: K ≤ 256, got {K}")
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
@@ -143,11 +150,11 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     o = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device) if save else None
-    h = torch.empty(B, NT, H, K, V, dtype=v.dtype, device=q.device) if save else None
+    h = torch.empty(B, triton.cdiv(T, interval), H, K, V, dtype=v.dtype, device=q.device) if save else None
     h0 = initial_state.contiguous() if initial_state is not None else None
     BK = max(16, triton.next_power_of_2(K))
     grid = (triton.cdiv(V, BV), B * H)
-    fused_scan_fwd_kernel[grid](q, k, v, g, o, b, h, h0, ht, scale, T, NT, H, K, V, chunk_size, BK, BV,
-                                float(max_range), h0 is not None, output_final_state, save, dot_precision(v),
+    fused_scan_fwd_kernel[grid](q, k, v, g, o, b, h, h0, ht, scale, T, NT, H, K, V, chunk_size, interval // chunk_size,
+                                BK, BV, float(max_range), h0 is not None, output_final_state, save, dot_precision(v),
                                 v.dtype != torch.float32, **tiles)
     return o, ht, b, h

@@ -20,6 +20,7 @@ import torch
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
 from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, state_segments, states_backward,
                               states_forward)
+from ops.common.chunk_h import chunk_fwd_h_from
 from ops.common.chunk_o import chunk_fwd_o
 from ops.common.fused_intra import fused_intra_fwd
 from ops.common.fused_scan import MAX_RANGE, fused_scan_fwd
@@ -28,8 +29,20 @@ from ops.common.movement import device_model, scan_pays
 from ops.gla import chunk
 
 COMPONENTS = ("chunk", "state")
-# fused_scan holds a chunk's [C, C] scores in registers: 256 KB of fp32 at C = 256, past any SM's register file
-CHUNK_SIZES = (16, 32, 64, 128)
+CHUNK_SIZES = (16, 32, 64, 128, 256)
+# The kernels hold a chunk's [C, C] scores in registers: 256 KB of fp32 at C = 256, past any SM's register
+# file, and at C = 128 they already ran slower than at 64 on the H100 (MVE shape: 0.386 / 2.563 ms forward /
+# forward+backward against 0.286 / 1.034; bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-chunk-sizes.md).
+# A chunk longer than SUB_BLOCK rows is therefore a state interval of SUB_BLOCK-row sub-blocks: every kernel
+# works on the sub-blocks (b is local to each), and only the state entering each interval is kept for the
+# backward, which recomputes the sub-blocks' states from it (chunk_h.chunk_fwd_h_from). C = 256 keeps a
+# quarter of the states C = 64 keeps, for one parallel state pass in the backward.
+SUB_BLOCK = 64
+
+
+def sub_block(chunk_size: int) -> int:
+    """The rows each kernel works on for a given chunk size: the chunk itself up to SUB_BLOCK rows."""
+    return min(chunk_size, SUB_BLOCK)
 
 
 def scan_forward(q: torch.Tensor, v: torch.Tensor, chunk_size: int, segments: int) -> bool:
@@ -48,18 +61,20 @@ class FusedScanGLA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, save,
                 max_range):
-        segments = state_segments(k, v, chunk_size, split_state)
-        if scan_forward(q, v, chunk_size, segments):
+        C = sub_block(chunk_size)                           # ctx.chunk_size: the backward works on these too
+        segments = state_segments(k, v, C, split_state)
+        if scan_forward(q, v, C, segments):
             q, k, v = (x.contiguous() for x in (q, k, v))     # once: fused_scan_fwd's own call is then free
-            o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, chunk_size, save,
-                                         max_range=max_range)
-            ctx.segments, ctx.scale, ctx.chunk_size = 1, scale, chunk_size
+            o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, C, save,
+                                         max_range=max_range, interval=chunk_size)
+            ctx.segments, ctx.scale, ctx.chunk_size = 1, scale, C
             ctx.has_h0, ctx.g_dtype = initial_state is not None, g.dtype
         else:
-            q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state,
-                                               chunk_size, split_state)
-            o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, chunk_size, max_range), scale, chunk_size)
-        ctx.max_range = max_range
+            q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state, C,
+                                               split_state)
+            o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, C, max_range), scale, C)
+            h = h[:, :: chunk_size // C].contiguous() if chunk_size > C else h
+        ctx.max_range, ctx.interval = max_range, chunk_size
         if save:
             ctx.save_for_backward(q, k, v, b, h)
         return o, ht
@@ -67,6 +82,8 @@ class FusedScanGLA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, b, h = ctx.saved_tensors
+        if ctx.interval > ctx.chunk_size:
+            h = chunk_fwd_h_from(k, v, b, h, ctx.chunk_size, ctx.interval)
         do, dh, dh0 = states_backward(ctx, q, b, do, dht)
         dq, dk, dv, db = fused_scan_bwd(q, k, v, b, h, do, dh, ctx.scale, ctx.chunk_size, ctx.max_range)
         return input_grads(ctx, dq, dk, dv, db, dh0) + (None, None)
@@ -77,7 +94,9 @@ def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch
                     split_state: bool = True, max_range: float = MAX_RANGE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gla.naive.gla. A scalar decay [B, T, H, 1] is broadcast over K: the fused kernels
     take a per-key decay, and autograd sums the broadcast's gradient back. max_range: the decay up to
-    which a chunk's scores are factorised (fused_scan.py); < 0 takes the exact path everywhere (tests)."""
+    which a chunk's scores are factorised (fused_scan.py); < 0 takes the exact path everywhere (tests).
+    chunk_size: one of CHUNK_SIZES; past SUB_BLOCK rows, the interval at which states are kept for the
+    backward, the kernels working on SUB_BLOCK-row sub-blocks (above)."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     if gk.shape[-1] == 1 and q.shape[-1] != 1:
         gk = gk.expand(*gk.shape[:-1], q.shape[-1])

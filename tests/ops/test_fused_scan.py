@@ -89,6 +89,34 @@ def test_parallel_forward_where_the_scan_does_not_pay(device, poison_empty, monk
     assert_matches_recurrence(op(32), switching_inputs(device, K=20), 1e-5)
 
 
+@pytest.mark.parametrize("forward", ["scan", "parallel"])
+@pytest.mark.parametrize("inputs", ["switching", "extreme"])
+def test_chunks_of_256_keep_every_fourth_state(forward, inputs, device, poison_empty, monkeypatch):
+    """C = 256: 64-row sub-blocks, states kept at 256-row boundaries and the other three recomputed in the
+    backward (ops.gla.fused.SUB_BLOCK). T = 600 ends in a ragged interval; tame sub-blocks alternate with
+    wild ones (or all are wild), so both paths run inside one interval, forward and every gradient."""
+    from ops.common import chunk_h
+
+    monkeypatch.setattr("ops.gla.fused.scan_pays", lambda *a: forward == "scan")
+    kept = []
+    real = chunk_h.chunk_fwd_h_from
+    monkeypatch.setattr("ops.gla.fused.chunk_fwd_h_from", lambda k, v, b, h, *a: kept.append(h.shape[1]) or
+                        real(k, v, b, h, *a))
+    if inputs == "switching":
+        args = switching_inputs(device, B=2, T=600, H=1, K=20, V=6, chunk=64)
+    else:
+        args = [x.float().to(device) for x in make_inputs(1, 600, 1, 8, 6, "extreme", seed=5)]
+    assert_matches_recurrence(op(256), args, 1e-5)
+    assert kept == [3]
+
+
+def test_chunks_of_256_with_the_split_state(device, poison_empty, short_segments):
+    """The `state` component splits the sub-blocks' scan (two segments of five 64-row chunks at T = 600)
+    under 256-row state intervals."""
+    assert_matches_recurrence(op(256, split_state=True), switching_inputs(device, B=1, T=600, H=1, K=8, V=6,
+                                                                          chunk=64), 1e-5)
+
+
 def test_the_model_decides_the_forward():
     """The scan at the MVE shape and the gla_340m layer; chunk's forward at K = 256 and for one long sequence."""
     from ops.common.movement import scan_pays

@@ -158,7 +158,7 @@ def magnitudes(inputs: list[torch.Tensor], do: torch.Tensor, ds: torch.Tensor):
 
 
 @pytest.mark.parametrize("backend,chunk_size", [("chunk", c) for c in (16, 32, 64, 128)] +
-                         [("fused", c) for c in (16, 32, 64, 128)])
+                         [("fused", c) for c in (16, 32, 64, 128, 256)])
 def test_triton_chunk_sizes(backend, chunk_size, device):
     from ops.common.chunk import chunk_decay_attention
     from ops.gla.fused import fused_chunk_gla
@@ -176,12 +176,15 @@ def test_triton_chunk_sizes(backend, chunk_size, device):
     grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol)
 
 
-def test_fused_rejects_chunks_of_256():
+@pytest.mark.parametrize("backend,chunk_size", [("chunk", 256), ("fused", 512), ("fused", 48)])
+def test_unsupported_chunk_sizes_are_refused(backend, chunk_size):
+    from ops.common.chunk import chunk_decay_attention
     from ops.gla.fused import fused_chunk_gla
 
     x = torch.zeros(1, 4, 1, 4)
-    with pytest.raises(ValueError, match=r"chunk_size must be one of \(16, 32, 64, 128\), got 256"):
-        fused_chunk_gla(x, x, x, x, 1.0, None, False, 256)
+    run = chunk_decay_attention if backend == "chunk" else fused_chunk_gla
+    with pytest.raises(ValueError, match=rf"chunk_size must be one of \(16, 32, 64, 128.*\), got {chunk_size}"):
+        run(x, x, x, x, 1.0, None, False, chunk_size)
 
 
 @pytest.mark.parametrize("fuse", ["chunk,state", "state"])
@@ -205,6 +208,24 @@ def test_fused_state_split_matches_recurrence(fuse, decay, device, poison_empty,
 def test_triton_backend_bf16_full_shapes(backend, shape):
     """bf16 inputs, fp32 accumulation: within 5e-3 of the fp32 naive oracle on the same inputs,
     forward and gradients."""
+    assert_bf16_matches_naive(get_op("gla", backend), shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
+@pytest.mark.parametrize("chunk_size", [32, 128, 256])
+@pytest.mark.parametrize("shape", [(16, 2048, 12, 64, 64), (8, 2048, 4, 256, 512), (2, 1000, 3, 60, 100)],
+                         ids=["mve", "gla340m_layer", "odd"])
+def test_fused_bf16_chunk_sizes(chunk_size, shape):
+    """The fused op at the chunk sizes the model does not use (it runs 64, above), at full shapes in bf16:
+    the scan (mve, odd) and chunk's parallel forward (gla340m_layer), C = 256 as 64-row sub-blocks."""
+    from ops.gla.fused import fused_chunk_gla
+
+    assert_bf16_matches_naive(lambda q, k, v, g: fused_chunk_gla(q, k, v, g, q.shape[-1] ** -0.5, None, False,
+                                                                 chunk_size), shape)
+
+
+def assert_bf16_matches_naive(op, shape) -> None:
     torch.manual_seed(0)
     B, T, H, K, V = shape
     q, k = (torch.randn(B, T, H, K, device="cuda") for _ in range(2))
@@ -213,7 +234,7 @@ def test_triton_backend_bf16_full_shapes(backend, shape):
     got_in = [x.to(torch.bfloat16).requires_grad_() for x in (q, k, v)] + [gk.clone().requires_grad_()]
     ref_in = [x.detach().float().requires_grad_() for x in got_in]      # the same (bf16-rounded) inputs
     o1, _ = gla(*ref_in)
-    o2, _ = get_op("gla", backend)(*got_in)
+    o2, _ = op(*got_in)
     assert rel_err(o2, o1) < 5e-3
     do = torch.randn_like(o1)
     (o1 * do).sum().backward()

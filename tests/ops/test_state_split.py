@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref, split_segments
+from ops.common.chunk_h import (chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_from, chunk_fwd_h_ref,
+                                split_segments)
 from ops.common.cumsum import chunk_cumsum
 from tests.helpers import rel_err
 
@@ -43,6 +44,22 @@ def test_split_scan_equals_the_sequential_one(case, gate, scalar, device, poison
     dh, dh0 = chunk_bwd_dh(q, do, b, dht, True, 0.3, C, segments=S)
     dh_ref, dh0_ref = chunk_bwd_dh_ref(q, do, b, dht, 0.3, C)
     assert rel_err(dh, dh_ref) < 1e-5 and rel_err(dh0, dh0_ref) < 1e-5
+
+
+@pytest.mark.parametrize("T, interval", [(300, 64), (64, 64), (50, 64), (129, 32)], ids=str)
+@pytest.mark.parametrize("gate", ["none", "extreme"])
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+def test_states_recomputed_from_kept_ones(T, interval, gate, scalar, device, poison_empty):
+    """chunk_fwd_h_from: every chunk's state from those kept every `interval` rows (what fused GLA keeps at
+    C = 256), equal to the sequential scan's. Kept states are the reference's, so each interval must start
+    from its own; ragged last interval, T < interval."""
+    C = 16
+    q, k, v, do, b, h0, dht = inputs((1, T, 2, 12, 20, C, 1), gate, scalar, torch.float32, device)
+    h_ref, _ = chunk_fwd_h_ref(k, v, b, h0, C)
+    h = chunk_fwd_h_from(k, v, b, h_ref[:, :: interval // C].contiguous(), C, interval)
+    assert h.shape == h_ref.shape and rel_err(h, h_ref) < 1e-5
+    with pytest.raises(ValueError, match="cannot seed"):
+        chunk_fwd_h_from(k, v, b, h_ref, C, 24)
 
 
 @pytest.mark.parametrize("with_ends", [False, True], ids=["no-h0-dht", "h0-dht"])
