@@ -214,8 +214,9 @@ def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, **launch):
     """The state entering every chunk, h [B, NT, H, K, V] in k's dtype, recomputed from the states kept every
     `interval` rows (a multiple of chunk_size), h_kept [B, cdiv(T, interval), H, K, V]: one program per kept
     state walks the interval's chunks, so the recompute runs interval / chunk_size chunks deep, not NT.
-    The backward of a chunk size larger than the kernels' sub-blocks (ops/gla/fused.py) calls it; the
-    forward kept a quarter of the states. k, v, b as chunk_fwd_h's, b local to each chunk_size chunk."""
+    The backward of a chunk size larger than the kernels' sub-blocks (ops/gla/fused.py) calls it: the forward
+    kept one state in interval / chunk_size. k, v, b as chunk_fwd_h's, b local to each chunk_size chunk.
+    The kept-state count is a compile-time constant of the kernel (S): one compile per training length."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     NS, S = interval // chunk_size, h_kept.shape[1]

@@ -32,7 +32,7 @@ COMPONENTS = ("chunk", "state")
 CHUNK_SIZES = (16, 32, 64, 128, 256)
 # The kernels hold a chunk's [C, C] scores in registers: 256 KB of fp32 at C = 256, past any SM's register
 # file, and at C = 128 they already ran slower than at 64 on the H100 (MVE shape: 0.386 / 2.563 ms forward /
-# forward+backward against 0.286 / 1.034; bench/results/2026-11-24-NVIDIA_H100_80GB_HBM3-chunk-sizes.md).
+# forward+backward against 0.286 / 1.034; bench/results/2026-11-24-h100-chunk-sizes-logs/run1-c128-whole-chunks.md).
 # A chunk longer than SUB_BLOCK rows is therefore a state interval of SUB_BLOCK-row sub-blocks: every kernel
 # works on the sub-blocks (b is local to each), and only the state entering each interval is kept for the
 # backward, which recomputes the sub-blocks' states from it (chunk_h.chunk_fwd_h_from). C = 256 keeps a
@@ -73,7 +73,7 @@ class FusedScanGLA(torch.autograd.Function):
             q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state, C,
                                                split_state)
             o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, C, max_range), scale, C)
-            h = h[:, :: chunk_size // C].contiguous() if chunk_size > C else h
+            h = h[:, :: chunk_size // C].contiguous() if save and chunk_size > C else h
         ctx.max_range, ctx.interval = max_range, chunk_size
         if save:
             ctx.save_for_backward(q, k, v, b, h)

@@ -54,12 +54,16 @@ def test_states_recomputed_from_kept_ones(T, interval, gate, scalar, device, poi
     C = 256), equal to the sequential scan's. Kept states are the reference's, so each interval must start
     from its own; ragged last interval, T < interval."""
     C = 16
-    q, k, v, do, b, h0, dht = inputs((1, T, 2, 12, 20, C, 1), gate, scalar, torch.float32, device)
+    q, k, v, do, b, h0, dht = inputs((2, T, 2, 12, 20, C, 1), gate, scalar, torch.float32, device)
     h_ref, _ = chunk_fwd_h_ref(k, v, b, h0, C)
-    h = chunk_fwd_h_from(k, v, b, h_ref[:, :: interval // C].contiguous(), C, interval)
+    kept = h_ref[:, :: interval // C].contiguous()
+    h = chunk_fwd_h_from(k, v, b, kept, C, interval)
     assert h.shape == h_ref.shape and rel_err(h, h_ref) < 1e-5
     with pytest.raises(ValueError, match="cannot seed"):
-        chunk_fwd_h_from(k, v, b, h_ref, C, 24)
+        chunk_fwd_h_from(k, v, b, h_ref, C, 24)                     # not a multiple of C
+    if kept.shape[1] > 1:
+        with pytest.raises(ValueError, match="cannot seed"):
+            chunk_fwd_h_from(k, v, b, kept[:, :1], C, interval)     # too few kept states
 
 
 @pytest.mark.parametrize("with_ends", [False, True], ids=["no-h0-dht", "h0-dht"])

@@ -48,8 +48,8 @@ KERNELS = {
         ("R", "RS"), ("eps",), {"H": 2, "V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
     "ops.common.fused_scan.fused_scan_fwd_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "g": F32, "o": BF16, "b": F32, "h": BF16, "h0": F32, "ht": F32},
-        ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0,
-                                  "USE_H0": True, "STORE_HT": True, "SAVE": True, "PREC": "tf32",
+        ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "NS": 4, "BK": 32, "BV": 32,
+                                  "MAXR": 64.0, "USE_H0": True, "STORE_HT": True, "SAVE": True, "PREC": "tf32",
                                   "SPLIT": True}),
     "ops.common.fused_scan_bwd.fused_scan_bwd_dqk_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "b": F32, "h": BF16, "do": BF16, "dh": BF16, "dq": BF16, "dk": BF16,
