@@ -9,9 +9,10 @@ the op rather than training on another kernel.
 
 Key split: a block owns a 64-row query tile; when B·H·⌈T/64⌉ blocks leave SMs idle, its warps form 2 or
 4 groups that each take every 2nd/4th key tile and are merged at the end (`plan_split`, logged by
-`kernel_info`). The kernel relies on the fp32 accumulator fragment layout of sm_80/sm_90; the first
-build checks it against `probe_layout()` and refuses to run if this GPU and compiler lay it out
-differently.
+`kernel_info`). The kernel relies on the fp32 accumulator fragment layout of sm_80/sm_90, and on the fp16
+matrix_a layout holding the same elements in the same lanes (P passes from one to the other in registers);
+the first build checks both (`probe_layout()`, `probe_a_layout()`) and refuses to run if this GPU and
+compiler lay them out differently.
 """
 from __future__ import annotations
 
@@ -64,6 +65,11 @@ def extension():
         raise BackendError("op 'attention', backend 'fused': this GPU/compiler lays out WMMA's fp32 accumulator "
                            "fragments differently from the sm_80/sm_90 layout the kernel's softmax assumes "
                            f"(probe: {got.tolist()[:2]}…); use --backend naive (SDPA)")
+    got = ext.probe_a_layout()
+    if not a_layout_matches(got):
+        raise BackendError("op 'attention', backend 'fused': this GPU/compiler lays out WMMA's fp16 matrix_a "
+                           "fragments differently from the accumulator's, which the kernel's register-resident P "
+                           f"assumes (probe: {got.tolist()[:2]}…); use --backend naive (SDPA)")
     return ext
 
 
@@ -74,6 +80,15 @@ def assumed_layout() -> torch.Tensor:
     row = lane // 4 + 8 * ((i // 2) % 2)
     col = 2 * (lane % 4) + i % 2 + 8 * (i // 4)
     return (row * 16 + col).to(torch.int32)
+
+
+def a_layout_matches(got: torch.Tensor) -> bool:
+    """Whether a [32, 16] probe of fp16 matrix_a fragments (flat row·16 + col per lane and slot, -1 past the
+    fragment's elements) has, in slot e, the accumulator's element e mod 8: the kernel converts P from S's
+    fragments slot by slot. Slots 8-15 are either absent or repeat 0-7 (Volta's duplicated layout)."""
+    c = assumed_layout()
+    high = got[:, 8:]
+    return torch.equal(got[:, :8], c) and (bool((high == -1).all()) or torch.equal(high, c))
 
 
 def plan_split(B: int, H: int, T: int, causal: bool, sms: int | None = None) -> int:

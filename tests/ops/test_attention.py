@@ -88,6 +88,26 @@ def test_wmma_accumulator_layout_probe():
     assert torch.equal(fused.extension().probe_layout(), fused.assumed_layout())
 
 
+@needs_gpu
+def test_wmma_matrix_a_layout_probe():
+    """P goes from S's accumulator fragments to PV's matrix_a fragments in registers: this build's fp16
+    matrix_a layout must put each (row, col) where the accumulator has it (slot mod 8)."""
+    from ops.attention import fused
+
+    got = fused.extension().probe_a_layout()
+    assert fused.a_layout_matches(got), got[:2].tolist()
+
+
+def test_matrix_a_layout_check_accepts_only_the_assumed_maps():
+    from ops.attention.fused import a_layout_matches, assumed_layout
+
+    c = assumed_layout()
+    assert a_layout_matches(torch.cat([c, torch.full_like(c, -1)], 1))    # 8 elements per lane
+    assert a_layout_matches(torch.cat([c, c], 1))                        # 16: Volta's duplicated layout
+    assert not a_layout_matches(torch.cat([c.roll(1, 0), c], 1))
+    assert not a_layout_matches(torch.cat([c, c.flip(1)], 1))
+
+
 def test_assumed_layout_is_a_permutation():
     from ops.attention.fused import assumed_layout
 
@@ -120,9 +140,12 @@ def test_wmma_refuses_gradients_and_other_head_dims():
 def test_wmma_kernel_info():
     from ops.attention import fused
 
+    tile = 64 * 72 * 2                          # a padded 64 × 64 fp16 tile
     for split in fused.SPLITS:
         info = fused.kernel_info(causal=True, split=split)
-        assert info["registers"] > 0 and info["blocks_per_sm"] >= 1 and info["smem_bytes"] >= 45_000 * split, info
+        # at least the Q tile and each key group's double-buffered K and V tiles
+        assert info["registers"] > 0 and info["blocks_per_sm"] >= 1, info
+        assert info["smem_bytes"] >= (1 + 4 * split) * tile, info
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")

@@ -9,14 +9,18 @@
 //   softmax        on the fragments: row max and sum over a lane's elements, then across the 4 lanes that
 //                  share the row (accumulator layout below); running max m and sum l in fp32, exp2 with
 //                  log2(e) folded into the scale; O's fragments rescaled in registers
-//   O += P V       P written as fp16 into the warp's shared tile, loaded as matrix_a, 4×4 WMMA products
+//   O += P V       P converted in registers from S's accumulator fragments to fp16 matrix_a fragments (the
+//                  two layouts put the same (row, col) in the same lane and slot; below), 4×4 WMMA products
 // At the end each warp stages its unnormalised O, m and l in shared memory and group 0 merges the SPLIT
 // partial results (each weighted by exp2(m_g − m)), divides by l and writes 16-byte vectors.
 //
 // Accumulator layout. WMMA leaves the element-to-(row, col) map of a fragment unspecified; this kernel
 // uses the one sm_80 and sm_90 have (that of two mma.m16n8k16 C tiles): with g = lane/4, t = lane%4,
-// element i sits at row g + 8·((i/2)%2), column 2t + i%2 + 8·(i/4). probe_layout() reads the real map
-// by loading a matrix of indices into a fragment; the extension refuses to run when they differ.
+// element i sits at row g + 8·((i/2)%2), column 2t + i%2 + 8·(i/4). A 16×16 fp16 matrix_a fragment holds
+// the same (row, col) in its slot i mod 8 (slots 8-15, where a build has them, repeat 0-7: Volta's layout
+// duplicated each element), which is what lets P go from S's fragments to PV's without shared memory.
+// probe_layout() and probe_a_layout() read the real maps by loading matrices of indices into fragments; the
+// extension refuses to run when either differs.
 //
 // q, k, v, o: [B, T, H, 64] with the last dimension contiguous (row stride H·64). Forward only.
 #include <cstddef>
@@ -75,13 +79,11 @@ struct Smem {
       float l[SPLIT * GROUP_WARPS][16];
     } part;
   };
-  half p[SPLIT * GROUP_WARPS][16][PAD_H];        // each warp's probabilities, fp16
 };
 
 // WMMA loads and stores need 32-byte-aligned pointers: every member, and every 16-row block, starts on one
-static_assert(offsetof(Smem<1>, kv) % 32 == 0 && offsetof(Smem<4>, p) % 32 == 0 && offsetof(Smem<2>, p) % 32 == 0 &&
-              offsetof(Smem<1>, p) % 32 == 0 && sizeof(Tile) % 32 == 0 && (16 * PAD_H * 2) % 32 == 0 &&
-              (16 * PAD_F * 4) % 32 == 0, "shared-memory layout breaks WMMA alignment");
+static_assert(offsetof(Smem<1>, kv) % 32 == 0 && offsetof(Smem<4>, kv) % 32 == 0 && sizeof(Tile) % 32 == 0 &&
+              (16 * PAD_H * 2) % 32 == 0 && (16 * PAD_F * 4) % 32 == 0, "shared-memory layout breaks WMMA alignment");
 
 __device__ __forceinline__ int frag_row(int lane, int i) { return lane / 4 + 8 * ((i / 2) % 2); }
 __device__ __forceinline__ int frag_col(int lane, int i) { return 2 * (lane % 4) + i % 2 + 8 * (i / 4); }
@@ -200,13 +202,11 @@ wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K
       mx[r] = m_use;
     }
     float sum[2] = {0.f, 0.f};
-    half (*pw)[PAD_H] = sm.p[warp];
     for (int n = 0; n < BC / 16; ++n)
-      for (int i = 0; i < FRAG; i += 2) {
+      for (int i = 0; i < FRAG; ++i) {
         const int r = (i / 2) % 2;
-        const float p0 = exp2f(sf[n].x[i] - mx[r]), p1 = exp2f(sf[n].x[i + 1] - mx[r]);
-        sum[r] += p0 + p1;
-        *reinterpret_cast<half2*>(&pw[frag_row(lane, i)][n * 16 + frag_col(lane, i)]) = __floats2half2_rn(p0, p1);
+        sf[n].x[i] = exp2f(sf[n].x[i] - mx[r]);
+        sum[r] += sf[n].x[i];
       }
     for (int r = 0; r < 2; ++r) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
@@ -215,19 +215,18 @@ wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K
     }
     for (int n = 0; n < D / 16; ++n)
       for (int i = 0; i < FRAG; ++i) of[n].x[i] *= corr[(i / 2) % 2];
-    __syncwarp();
 
-    // O += P V
+    // O += P V, P's 16-key block k straight from S's fragment k
     for (int k = 0; k < BC / 16; ++k) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> pf;
-      wmma::load_matrix_sync(pf, &pw[0][k * 16], PAD_H);
+      for (int e = 0; e < pf.num_elements; ++e) pf.x[e] = __float2half(sf[k].x[e % FRAG]);
       for (int n = 0; n < D / 16; ++n) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> vf;
         wmma::load_matrix_sync(vf, &vt[k * 16][n * 16], PAD_H);
         wmma::mma_sync(of[n], pf, vf, of[n]);
       }
     }
-    group_sync(group);  // the group is done with this buffer (and each warp with its P) before the refill
+    group_sync(group);  // the group is done with this buffer before the refill
   }
 
   PHASE(2);
@@ -280,6 +279,18 @@ __global__ void probe_layout_kernel(int* out) {
   wmma::load_matrix_sync(f, idx, 16, wmma::mem_row_major);
   for (int i = 0; i < f.num_elements; ++i) out[threadIdx.x * FRAG + i] = static_cast<int>(f.x[i]);
   if (threadIdx.x == 0) out[32 * FRAG] = f.num_elements;
+}
+
+// One warp: out[lane][e] = the flat index (row·16 + col) of fp16 matrix_a element e in `lane` (-1 past the
+// fragment's elements); out[32·16] = its element count.
+__global__ void probe_a_layout_kernel(int* out) {
+  __shared__ __align__(32) half idx[16 * 16];
+  for (int i = threadIdx.x; i < 256; i += 32) idx[i] = __int2half_rn(i);   // 0-255: exact in fp16
+  __syncwarp();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> f;
+  wmma::load_matrix_sync(f, idx, 16);
+  for (int e = 0; e < 16; ++e) out[threadIdx.x * 16 + e] = e < f.num_elements ? __half2int_rn(f.x[e]) : -1;
+  if (threadIdx.x == 0) out[32 * 16] = f.num_elements;
 }
 
 #define FOR_EACH_VARIANT(X) X(true, 1) X(true, 2) X(true, 4) X(false, 1) X(false, 2) X(false, 4)
@@ -361,6 +372,17 @@ torch::Tensor probe_layout() {
   return cpu.narrow(0, 0, 32 * FRAG).view({32, FRAG});
 }
 
+// [32, 16] flat indices (row·16 + col) of each lane's fp16 matrix_a elements (-1: the fragment has fewer)
+torch::Tensor probe_a_layout() {
+  auto out = torch::full({32 * 16 + 1}, -2, torch::dtype(torch::kInt32).device(torch::kCUDA));
+  probe_a_layout_kernel<<<1, 32, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<int>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  auto cpu = out.cpu();
+  TORCH_CHECK(cpu[32 * 16].item<int>() <= 16, "wmma attention: a 16×16 fp16 matrix_a fragment holds ",
+              cpu[32 * 16].item<int>(), " elements per lane, more than 16");
+  return cpu.narrow(0, 0, 32 * 16).view({32, 16});
+}
+
 #ifdef WMMA_TIMING
 // [blocks, phases] clock64() stamps of the last launch (phase 5 only where thread 0's row is < T)
 torch::Tensor phases() {
@@ -377,5 +399,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "WMMA flash-attention forward: q, k, v [B, T, H, 64] fp16 into o (same shape)");
   m.def("kernel_info", &kernel_info, "[registers, local bytes, static smem, dynamic smem, blocks per SM, threads]");
   m.def("probe_layout", &probe_layout, "[32, 8] flat (row·16 + col) index of each lane's accumulator element");
+  m.def("probe_a_layout", &probe_a_layout, "[32, 16] flat index of each lane's fp16 matrix_a element (-1: none)");
 }
 #endif  // WMMA_KERNEL_ONLY
