@@ -4,6 +4,7 @@
 # `accelerate launch` DDP (grad_accum A); then scripts/compare_scaling.py writes $OUT/scaling.md:
 # tokens/s per GPU (target ≥ 90% of one GPU's) and the loss curves' largest difference.
 #   bash scripts/gpu_scaling.sh [CONFIG] [BACKEND] [STEPS]      # defaults: configs/gla_340m.yaml chunk 60
+# SCALING_ARGS="--optim.warmup_steps=500 …": more train.py overrides for both runs (after the defaults below)
 # Expects .carry/whl (datasets, dill, multiprocess) and .carry/data (the offline stand-in text and BPE).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -21,7 +22,7 @@ DATA=(--data.source=local:$S --data.eval_source=local:$S --data.tokenizer_file=$
       --data.cache_dir=/tmp/data_cache)
 COMMON=(--config "$CFG" --backend "$BACKEND" --train.max_steps="$STEPS" --train.log_interval=1
         --train.eval_interval=1000000 --train.eval_batches=4 --train.ckpt_interval=1000000 --train.progress=false
-        --train.out_dir=/tmp/scaling --optim.warmup_steps=10 "${DATA[@]}")
+        --train.out_dir=/tmp/scaling --optim.warmup_steps=10 "${DATA[@]}" ${SCALING_ARGS:-})
 rm -rf /tmp/scaling
 python3 -m data.prepare --config "$CFG" "${DATA[@]}" > "$OUT/prepare.log" 2>&1 || { tail -5 "$OUT/prepare.log"; exit 1; }
 CUDA_VISIBLE_DEVICES=0 timeout "${RUN_TIMEOUT:-240}" python3 train.py "${COMMON[@]}" --train.name=gpu1 \
