@@ -27,12 +27,14 @@ from scripts.bench_kernels import CASES, _gla_make, enable_fla_backward_timing, 
 SHAPES = {c.name: c.dims for c in CASES if c.op == "gla"}
 
 
-def timed(fn, args, do) -> tuple[float, float]:
+def median_ms(fn) -> float:
     from triton.testing import do_bench
 
-    fwd = do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median")
-    fwdbwd = do_bench(lambda: torch.autograd.grad(fn(*args)[0], args, do), warmup=25, rep=100, return_mode="median")
-    return fwd, fwdbwd
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def timed(fn, args, do) -> tuple[float, float]:
+    return median_ms(lambda: fn(*args)), median_ms(lambda: torch.autograd.grad(fn(*args)[0], args, do))
 
 
 def held_bytes(fn, args) -> int:
@@ -47,6 +49,7 @@ def held_bytes(fn, args) -> int:
 
 def run_shape(name: str, sizes: list[int]) -> list[dict]:
     from ops.common.chunk_h import chunk_fwd_h_from
+    from ops.common.cumsum import chunk_cumsum
     from ops.gla.fla import gla as fla_gla
     from ops.gla.fused import fused_chunk_gla, sub_block
     from ops.gla.naive import gla as naive_gla
@@ -76,13 +79,9 @@ def run_shape(name: str, sizes: list[int]) -> list[dict]:
             B, T, H, K, V = (d[x] for x in "BTHKV")
             row["h_MB"] = B * -(-T // C) * H * K * V * 2 / 1e6
             if C > sub_block(C):
-                from ops.common.cumsum import chunk_cumsum
-                from triton.testing import do_bench
-
                 b = chunk_cumsum(args[3].detach(), sub_block(C))
                 kept = torch.randn(B, -(-T // C), H, K, V, device="cuda").bfloat16()
-                row["recompute_ms"] = do_bench(lambda: chunk_fwd_h_from(args[1], args[2], b, kept, sub_block(C), C),
-                                               warmup=25, rep=100, return_mode="median")
+                row["recompute_ms"] = median_ms(lambda: chunk_fwd_h_from(args[1], args[2], b, kept, sub_block(C), C))
         row["status"] = "ok"
         rows.append(row)
         print(f"{name:<14} {backend:<5} C={C or '':<4} err {row['max_rel_err']:.1e}  fwd {row['fwd_ms']:.3f}  "

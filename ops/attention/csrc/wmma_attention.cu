@@ -85,7 +85,6 @@ struct Smem {
 static_assert(offsetof(Smem<1>, kv) % 32 == 0 && offsetof(Smem<4>, kv) % 32 == 0 && sizeof(Tile) % 32 == 0 &&
               (16 * PAD_H * 2) % 32 == 0 && (16 * PAD_F * 4) % 32 == 0, "shared-memory layout breaks WMMA alignment");
 
-__device__ __forceinline__ int frag_row(int lane, int i) { return lane / 4 + 8 * ((i / 2) % 2); }
 __device__ __forceinline__ int frag_col(int lane, int i) { return 2 * (lane % 4) + i % 2 + 8 * (i / 4); }
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
