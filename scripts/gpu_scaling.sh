@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Multi-GPU scaling check of issue [E], on one machine with two GPUs (device kind nvidia-h200-x2):
-# the same model, backend and global batch on 1 GPU (grad_accum 2A) and on 2 GPUs under
-# `accelerate launch` DDP (grad_accum A); then scripts/compare_scaling.py writes $OUT/scaling.md:
+# Multi-GPU scaling check of issues [E] and [K], on one machine with N GPUs (device kinds nvidia-h200-x2, -x8):
+# the same model, backend and global batch on 1 GPU (grad_accum N·A) and on N GPUs under
+# `accelerate launch` (grad_accum A); then scripts/compare_scaling.py writes $OUT/scaling.md:
 # tokens/s per GPU (target ≥ 90% of one GPU's) and the loss curves' largest difference.
 #   bash scripts/gpu_scaling.sh [CONFIG] [BACKEND] [STEPS]      # defaults: configs/gla_340m.yaml chunk 60
+# NPROC=8 (default 2): the GPUs of the second run; ACCEL=configs/accelerate/fsdp.yaml (default ddp.yaml).
 # SCALING_ARGS="--optim.warmup_steps=500 …": more train.py overrides for both runs (after the defaults below)
 # Expects .carry/whl (datasets, dill, multiprocess) and .carry/data (the offline stand-in text and BPE).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 CFG=${1:-configs/gla_340m.yaml} BACKEND=${2:-chunk} STEPS=${3:-60} ACC=${ACC:-2}
+NPROC=${NPROC:-2} ACCEL=${ACCEL:-configs/accelerate/ddp.yaml}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tcache NCCL_NVLS_ENABLE=0   # NVLS off: KINDS.md
@@ -26,9 +28,9 @@ COMMON=(--config "$CFG" --backend "$BACKEND" --train.max_steps="$STEPS" --train.
 rm -rf /tmp/scaling
 python3 -m data.prepare --config "$CFG" "${DATA[@]}" > "$OUT/prepare.log" 2>&1 || { tail -5 "$OUT/prepare.log"; exit 1; }
 CUDA_VISIBLE_DEVICES=0 timeout "${RUN_TIMEOUT:-240}" python3 train.py "${COMMON[@]}" --train.name=gpu1 \
-  --train.grad_accum=$((2 * ACC)) > "$OUT/gpu1.log" 2>&1 || tail -5 "$OUT/gpu1.log"
-timeout "${RUN_TIMEOUT:-240}" accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2 \
-  train.py "${COMMON[@]}" --train.name=gpu2 --train.grad_accum=$ACC > "$OUT/gpu2.log" 2>&1 || tail -5 "$OUT/gpu2.log"
+  --train.grad_accum=$((NPROC * ACC)) > "$OUT/gpu1.log" 2>&1 || tail -5 "$OUT/gpu1.log"
+timeout "${RUN_TIMEOUT:-240}" accelerate launch --config_file "$ACCEL" --num_processes "$NPROC" \
+  train.py "${COMMON[@]}" --train.name=gpu$NPROC --train.grad_accum=$ACC > "$OUT/gpu$NPROC.log" 2>&1 || tail -5 "$OUT/gpu$NPROC.log"
 cp /tmp/scaling/gpu1/metrics.jsonl "$OUT/gpu1.jsonl" 2>/dev/null
-cp /tmp/scaling/gpu2/metrics.jsonl "$OUT/gpu2.jsonl" 2>/dev/null
-python3 scripts/compare_scaling.py /tmp/scaling/gpu1 /tmp/scaling/gpu2 --out "$OUT/scaling.md" && cat "$OUT/scaling.md"
+cp /tmp/scaling/gpu$NPROC/metrics.jsonl "$OUT/gpu$NPROC.jsonl" 2>/dev/null
+python3 scripts/compare_scaling.py /tmp/scaling/gpu1 /tmp/scaling/gpu$NPROC --out "$OUT/scaling.md" && cat "$OUT/scaling.md"
