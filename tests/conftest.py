@@ -16,6 +16,16 @@ BPE_FILE = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
 WIKITEXT_EVAL = SHARED / "data" / "wikitext-103-eval"
 
 
+@pytest.fixture(autouse=True)
+def release_gpu_memory():
+    """After each test on a GPU, hand the caching allocator's blocks back to the device, so that tests run in
+    parallel (pytest -n) share the card: a full-shape test keeps gigabytes cached otherwise (the RA+MLA oracle's
+    T×T scores), and eight workers ran the H100 out of memory."""
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def bpe_file() -> Path:
     if not BPE_FILE.is_file():

@@ -15,6 +15,8 @@ def test_variants_agree_on_a_small_shape(scalar, device):
     ref_h, ref_dh = runs["chunk (sequential)"][0](), runs["chunk (sequential)"][1]()
     assert {"fused split S=3", "einsum + scan", "bmm + scan"} <= set(runs)
     for name, (fwd, bwd, _) in runs.items():
-        assert rel(fwd(), ref_h) < 1e-5, name
+        # fla's kernels take fp32 through TF32 dots on a GPU (7.7e-4 measured on the H100); ours run exact dots
+        tol = 5e-3 if name == "fla" else 1e-5
+        assert rel(fwd(), ref_h) < tol, name
         if bwd is not None:
-            assert rel(bwd(), ref_dh) < 1e-5, name
+            assert rel(bwd(), ref_dh) < tol, name

@@ -1,5 +1,6 @@
 """eval/equivalence.py on a trained checkpoint (--ckpt): the backends' loss, logits and gradients on the weights
-training produced rather than a fresh init. On CPU in fp32 `chunk` must agree with the naive model to 1e-4."""
+training produced rather than a fresh init. On CPU in fp32 `chunk` must agree with the naive model to 1e-4;
+on a GPU, in bf16, within twice naive's own bf16 error."""
 from __future__ import annotations
 
 import sys
@@ -29,7 +30,11 @@ def test_checkpoint_weights_are_compared(tmp_path, monkeypatch, capsys):
                                       "--seq-len", "32"])
     equivalence.main()
     out = capsys.readouterr().out
-    assert "checkpoints/step_" in out and "chunk (fp32): largest relative error" in out and "within 1e-4" in out
+    assert "checkpoints/step_" in out
+    if torch.cuda.is_available():   # equivalence checks bf16 on a GPU, against naive's own bf16 error
+        assert "chunk: equivalent within 2 × naive bf16 + 1e-3" in out
+    else:
+        assert "chunk (fp32): largest relative error" in out and "within 1e-4" in out
     from safetensors.torch import load_file
 
     from utils.checkpoint import WEIGHTS_FILE, latest_checkpoint
