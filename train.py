@@ -76,19 +76,21 @@ def resolve_precision(p: str) -> str:
 
 
 def fsdp_plugin(precision: str) -> FullyShardedDataParallelPlugin | None:
-    """Under `accelerate launch` with an FSDP config (configs/accelerate/fsdp.yaml) and bf16/fp16: compute in
+    """Under `accelerate launch` with an FSDP2 config (configs/accelerate/fsdp.yaml) and bf16/fp16: compute in
     that dtype but reduce and accumulate gradients in fp32, and leave outputs in the dtype each module makes
     (the loss is fp32), as torchtitan does. accelerate's own policy reduces in bf16 (gradient accumulation over
-    micro-batches included) and casts every output to bf16: on the H100 it logged each loss rounded to bf16
-    (0.03 nats apart near 5). Casting outputs to fp32 instead ran the LM head in fp32 (0.68x the tokens/s).
-    The rest of the plugin comes from accelerate's environment, as it would without this."""
+    micro-batches included) and casts every output to bf16: on the H100 each logged loss was a mean of
+    bf16-rounded micro-batch losses (0.03 nats apart near 5). Casting outputs to fp32 instead ran the LM head in
+    fp32 (0.69x the tokens/s). The rest of the plugin comes from accelerate's environment, as it would without
+    this. FSDP1 launches (FSDP_VERSION 1, accelerate's default) keep accelerate's own policy: never run here."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    if (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or os.environ.get("FSDP_VERSION", "1") != "2"
+            or dtype is None):
+        return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or dtype is None:
-        return None
-    return FullyShardedDataParallelPlugin(mixed_precision_policy=MixedPrecisionPolicy(param_dtype=dtype,
-                                                                                      reduce_dtype=torch.float32))
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    return FullyShardedDataParallelPlugin(mixed_precision_policy=policy)
 
 
 @torch.no_grad()
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
                 check_finite(pending, last_ckpt)
                 pending.clear()
                 last_ckpt = str(save_checkpoint(accelerator, run_dir, step, {"config": to_dict(cfg)}, tc.keep_ckpts,
-                                                     model))
+                                                model))
     except Diverged as e:
         bar.close()
         if metrics:

@@ -106,37 +106,55 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     assert load_checkpoint(acc, first)["note"] == "good"
 
 
-def test_fsdp_checkpoint_writes_full_weights(tmp_path, monkeypatch):
+@pytest.mark.parametrize("main_process", [True, False], ids=["rank0", "rank1"])
+def test_fsdp_checkpoint_writes_full_weights(tmp_path, monkeypatch, main_process):
     """Under FSDP accelerate saves the model sharded and no model.safetensors; save_checkpoint gathers the
-    full weights and writes it, which eval/perplexity.py loads. FSDP needs GPUs, so accelerate's side is
-    stood in for here (the H100 run of bench/results/2026-11-24-h100-fsdp/ is the real one)."""
+    full weights on every rank (a collective: a rank that skipped it would hang the others) and rank 0 writes
+    model.safetensors, which eval/perplexity.py loads. FSDP needs GPUs, so accelerate's side is stood in for
+    here (the H100 runs of bench/results/2026-11-24-h100-fsdp/ are the real thing)."""
     from safetensors.torch import load_file
 
     from accelerate.utils import DistributedType
 
     acc = Accelerator(cpu=True)
-    model, opt = acc.prepare(torch.nn.Linear(3, 2), torch.optim.AdamW(torch.nn.Linear(3, 2).parameters()))
+    layer = torch.nn.Linear(3, 2)
+    model, opt = acc.prepare(layer, torch.optim.AdamW(layer.parameters()))
+    gathered = []
     monkeypatch.setattr(Accelerator, "distributed_type", property(lambda self: DistributedType.FSDP))
     monkeypatch.setattr(acc, "save_state", lambda output_dir, **kw: (Path(output_dir) / "pytorch_model_fsdp_0").mkdir())
-    monkeypatch.setattr(acc, "get_state_dict", lambda m: {k: v.detach().clone() for k, v in m.state_dict().items()})
+    monkeypatch.setattr(acc, "get_state_dict", lambda m: gathered.append(1) or {k: v.detach().clone()
+                                                                                for k, v in m.state_dict().items()})
     with pytest.raises(ValueError, match="needs the prepared model"):
         save_checkpoint(acc, tmp_path, 1, {}, keep=2)
+    if not main_process:     # the other ranks gather too, but write nothing (rank 0 renames the folder)
+        monkeypatch.setattr(Accelerator, "is_main_process", property(lambda self: False))
+        (tmp_path / "checkpoints" / "step_00000002.tmp").mkdir(parents=True)
+        save_checkpoint(acc, tmp_path, 2, {}, keep=2, model=model)
+        assert gathered == [1] and not list(tmp_path.rglob("model.safetensors"))
+        return
     ckpt = save_checkpoint(acc, tmp_path, 2, {}, keep=2, model=model)
+    assert gathered == [1]
     assert latest_checkpoint(tmp_path) == ckpt and (ckpt / "pytorch_model_fsdp_0").is_dir()
     saved = load_file(ckpt / "model.safetensors")
     assert saved.keys() == model.state_dict().keys()
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 
-def test_fsdp_policy_reduces_and_returns_fp32(monkeypatch):
-    """Under an FSDP launch in bf16, gradients are reduced and accumulated in fp32 and outputs keep their dtype (the
-    loss stays fp32; accelerate's default policy rounds both to bf16); outside FSDP, or in fp32, its defaults stand."""
+def test_fsdp2_policy_reduces_in_fp32_and_leaves_outputs(monkeypatch):
+    """Under an FSDP2 launch in bf16, gradients are reduced and accumulated in fp32 and outputs keep their dtype (the
+    loss stays fp32; accelerate's default policy rounds both to bf16). Outside FSDP, under FSDP1 (accelerate's
+    default version) and in fp32, accelerate's own defaults stand."""
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     policy = train.fsdp_plugin("bf16").mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (torch.bfloat16, torch.float32, None)
     assert train.fsdp_plugin("no") is None
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    assert train.fsdp_plugin("bf16") is None
+    monkeypatch.delenv("FSDP_VERSION")
+    assert train.fsdp_plugin("bf16") is None
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
+    monkeypatch.setenv("FSDP_VERSION", "2")
     assert train.fsdp_plugin("bf16") is None
 
 

@@ -3,9 +3,10 @@
     <run>/checkpoints/step_00000500/   model.safetensors, optimizer.bin, RNG states, trainer_state.json
     <run>/checkpoints/latest           the name of the newest complete checkpoint
 
-Under FSDP, accelerate saves the model and optimizer sharded (pytorch_model_fsdp_0/, optimizer_0/: what
---resume reads back) and no model.safetensors. save_checkpoint then gathers the full weights and writes
-model.safetensors as well, so eval/perplexity.py, generation and parity read every run's checkpoints alike.
+Under FSDP, accelerate saves the model and optimizer sharded (with configs/accelerate/fsdp.yaml's
+SHARDED_STATE_DICT: pytorch_model_fsdp_0/, optimizer_0/, what --resume reads back) and no model.safetensors.
+save_checkpoint then gathers the full weights and writes model.safetensors as well, so eval/perplexity.py,
+generation and parity read every run's checkpoints alike.
 
 A checkpoint is written under `<name>.tmp` and renamed into place only when complete, and
 `latest` moves only after that, so a crash mid-save leaves the previous checkpoint usable.
@@ -70,6 +71,9 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
                     model: torch.nn.Module | None = None) -> Path:
     """Save model, optimizer and RNG states plus `state` (JSON) as step `step`; all ranks call this.
     `model` (the prepared one) is needed under FSDP, for the gathered model.safetensors."""
+    fsdp = accelerator.distributed_type == DistributedType.FSDP
+    if fsdp and model is None:
+        raise ValueError("save_checkpoint under FSDP needs the prepared model, to write the full weights")
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:08d}"
     tmp = root / f"{final.name}.tmp"
@@ -79,9 +83,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
         tmp.mkdir()
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
-    if accelerator.distributed_type == DistributedType.FSDP:
-        if model is None:
-            raise ValueError("save_checkpoint under FSDP needs the prepared model, to write the full weights")
+    if fsdp:
         full = accelerator.get_state_dict(model)         # a collective: every rank gathers, rank 0 keeps them
         if accelerator.is_main_process:
             save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
