@@ -29,6 +29,16 @@ def summary(run: Path, skip: int) -> dict:
             "per_gpu": statistics.median(tps) / world, "steps": steps}
 
 
+def compare(one: Path, many: Path, skip: int) -> dict:
+    """The two runs' summaries, the per-GPU rate ratio (many ÷ one) and the training-loss gap (many − one) at each
+    common step."""
+    a, b = summary(one, skip), summary(many, skip)
+    common = sorted(set(a["steps"]) & set(b["steps"]))
+    gaps = [(s, b["steps"][s]["loss"] - a["steps"][s]["loss"]) for s in common]
+    return {"one": a, "many": b, "ratio": b["per_gpu"] / a["per_gpu"], "gaps": gaps,
+            "max_dloss": max((abs(g) for _, g in gaps), default=float("nan"))}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("one", type=Path, help="the one-GPU run folder")
@@ -36,17 +46,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--skip", type=int, default=10, help="steps left out of the rate (compilation, autotuning)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    a, b = summary(args.one, args.skip), summary(args.many, args.skip)
-    common = sorted(set(a["steps"]) & set(b["steps"]))
-    dloss = max((abs(a["steps"][s]["loss"] - b["steps"][s]["loss"]) for s in common), default=float("nan"))
-    ratio = b["per_gpu"] / a["per_gpu"]
+    c = compare(args.one, args.many, args.skip)
+    a, b, ratio, dloss = c["one"], c["many"], c["ratio"], c["max_dloss"]
     md = "\n".join([
         f"# Scaling: {a['run']} ({a['gpus']} GPU) vs {b['run']} ({b['gpus']} GPUs), same global batch", "",
         "| run | GPUs | tokens/s | tokens/s per GPU |", "|---|---|---|---|",
         *(f"| {r['run']} | {r['gpus']} | {r['tokens_per_s']:,.0f} | {r['per_gpu']:,.0f} |" for r in (a, b)), "",
         f"Per-GPU throughput ratio: **{ratio:.3f}** (target ≥ 0.90: {'met' if ratio >= 0.9 else 'missed'}); "
         f"median over logged steps after step {args.skip}.",
-        f"Largest |Δ training loss| over the {len(common)} common steps: {dloss:.4f}.", ""])
+        f"Largest |Δ training loss| over the {len(c['gaps'])} common steps: {dloss:.4f}.", ""])
     if args.out:
         args.out.write_text(md)
     print(md)

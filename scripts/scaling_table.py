@@ -19,7 +19,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.compare_scaling import summary  # noqa: E402
+from scripts.compare_scaling import compare  # noqa: E402
 
 
 def pair_row(folder: Path, skip: int) -> dict:
@@ -31,16 +31,15 @@ def pair_row(folder: Path, skip: int) -> dict:
     if one is None or not many:
         return {**row, "status": "missing " + ("the one-GPU run" if one is None else "the multi-GPU run")}
     try:
-        a, b = summary(one, skip), summary(many[-1], skip)
+        c = compare(one, many[-1], skip)
     except SystemExit as e:                   # a run that died before `skip` steps
         return {**row, "status": str(e)}
-    common = sorted(set(a["steps"]) & set(b["steps"]))
-    gaps = [b["steps"][s]["loss"] - a["steps"][s]["loss"] for s in common]
+    a, b, gaps = c["one"], c["many"], c["gaps"]
     peak = [max((r.get("peak_mem_gb") or 0) for r in x["steps"].values()) for x in (a, b)]
     return {**row, "status": "ok", "gpus": b["gpus"], "tps_1": a["tokens_per_s"], "tps_n": b["tokens_per_s"],
-            "per_gpu": b["per_gpu"], "efficiency": b["per_gpu"] / a["per_gpu"], "peak_gb_1": peak[0],
-            "peak_gb_n": peak[1], "steps": len(common), "max_dloss": max(map(abs, gaps)),
-            "median_dloss": statistics.median(map(abs, gaps)), "dloss": list(zip(common, gaps))}
+            "per_gpu": b["per_gpu"], "efficiency": c["ratio"], "peak_gb_1": peak[0], "peak_gb_n": peak[1],
+            "steps": len(gaps), "max_dloss": c["max_dloss"], "median_dloss": statistics.median(abs(g) for _, g in gaps),
+            "dloss": gaps}
 
 
 def to_markdown(rows: list[dict], skip: int) -> str:

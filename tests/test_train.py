@@ -127,7 +127,10 @@ def test_fsdp_checkpoint_writes_full_weights(tmp_path, monkeypatch, main_process
     with pytest.raises(ValueError, match="needs the prepared model"):
         save_checkpoint(acc, tmp_path, 1, {}, keep=2)
     if not main_process:     # the other ranks gather too, but write nothing (rank 0 renames the folder)
-        monkeypatch.setattr(Accelerator, "is_main_process", property(lambda self: False))
+        from accelerate.state import PartialState
+
+        monkeypatch.setattr(PartialState, "is_main_process", property(lambda self: False))
+        assert not acc.is_main_process
         (tmp_path / "checkpoints" / "step_00000002.tmp").mkdir(parents=True)
         save_checkpoint(acc, tmp_path, 2, {}, keep=2, model=model)
         assert gathered == [1] and not list(tmp_path.rglob("model.safetensors"))

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DistributedType
-from safetensors.torch import save_file
 
 _STEP = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"
@@ -83,11 +82,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
         tmp.mkdir()
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
-    if fsdp:
-        full = accelerator.get_state_dict(model)         # a collective: every rank gathers, rank 0 keeps them
-        if accelerator.is_main_process:
-            save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        del full
+    if fsdp:   # gathers on every rank (a collective), writes on rank 0; one file, the one eval/perplexity.py reads
+        accelerator.save_model(model, str(tmp), max_shard_size="1000GB", safe_serialization=True)
     # every rank writes its own RNG state into tmp: none may be renamed away while another still writes
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
