@@ -28,6 +28,7 @@ import torch
 
 H, D, L, W = 12, 64, 64, 64     # gpt2_ramla_124m
 NAIVE = "naive (fp32 inside)"   # the oracle upcasts to fp32 (no TF32): T×T scores in fp32 whatever the inputs
+MHA_LAYER = "module: GPT-2 MHA layer (SDPA)"
 
 
 def ramla_inputs(B, T, device, dtype=torch.bfloat16):
@@ -41,30 +42,56 @@ def ramla_inputs(B, T, device, dtype=torch.bfloat16):
 
 
 def variants(B, T, device, heads_per_program=()):
-    """name → (forward function returning one tensor, leaves needing grad)."""
+    """name → (forward function returning one tensor, leaves needing grad). `fused` is the op as the model
+    calls it (the split form on the H100: far field on cuDNN's kernel, band in Triton); the `, all Triton` and
+    `, split <kernel>` rows pin one form. The `module` rows are each model's whole attention layer (its
+    projections, the op, the output projection) under bf16 autocast, the comparison a training step sees."""
+    from model.config import ModelConfig
+    from model.gpt2 import MHA, RAMLA
     from ops.ramla import fused, naive
     from ops.ramla.fused import FlashRAMLA, latent_queries
 
-    def with_hp(hp):
-        def core():
-            fused.HEADS_PER_PROGRAM = hp
-            try:
-                return FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5)
+    def pinned(fn, far="auto", kernel="auto", hp=None):
+        def call():
+            saved = fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM
+            fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = far, kernel, hp
+            try:                 # the backward reads the form the forward saved, so setting it here suffices
+                return fn()
             finally:
-                fused.HEADS_PER_PROGRAM = None
-        return core
+                fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = saved
+        return call
+
+    def module(kind):
+        cfg = ModelConfig(family="gpt2", attention=kind, backend="fused" if kind == "ramla" else "naive",
+                          latent_dim=L, ra_window=W)
+        layer = (RAMLA if kind == "ramla" else MHA)(cfg, 0).to(device)
+        x_in = torch.randn(B, T, H * D, device=device, requires_grad=True)
+
+        def call():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return layer(x_in)
+        return call, [x_in, *layer.parameters()]
 
     x = ramla_inputs(B, T, device)
     q, k, v, w_ql, w_vu, alpha = x
     q_lat = latent_queries(q, w_ql).detach().requires_grad_()
     mha = [torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
+    op = lambda: fused.ramla(q, k, v, w_ql, w_vu, alpha, W)     # noqa: E731
+    core = lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, fused.far_kernel(q_lat))   # noqa: E731
     return {
-        "naive (fp32 inside)": (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
-        "fused": (lambda: fused.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
-        "fused core": (lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5), [q_lat, k, v, alpha]),
+        NAIVE: (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
+        "fused": (op, x),
+        "fused, all Triton": (pinned(op, "triton"), x),
+        "fused, split cudnn": (pinned(op, "sdpa", "cudnn"), x),
+        "fused, split flash": (pinned(op, "sdpa", "flash"), x),
+        "fused core": (core, [q_lat, k, v, alpha]),
+        "fused core, all Triton": (pinned(core, "triton"), [q_lat, k, v, alpha]),
         "sdpa (GPT-2 MHA)": (lambda: torch.nn.functional.scaled_dot_product_attention(
             *(t.transpose(1, 2) for t in mha), is_causal=True), mha),
-        **{f"fused core, {hp} heads/program": (with_hp(hp), [q_lat, k, v, alpha]) for hp in heads_per_program},
+        "module: RA+MLA layer (fused)": module("ramla"),
+        MHA_LAYER: module("mha"),
+        **{f"fused core, all Triton, {hp} heads/program": (pinned(core, "triton", hp=hp), [q_lat, k, v, alpha])
+           for hp in heads_per_program},
     }
 
 
@@ -91,9 +118,10 @@ def measure(fn, leaves) -> dict:
             "peak_gb": peak_gb, "status": "ok"}
 
 
-def check(B, T, device) -> str:
+def check(B, T, device, far="auto") -> str:
     """Largest relative error of fused's output and gradients against naive in fp32: fused on fp32 inputs
-    (the exact-dot kernels) and on bf16 ones (the tensor-core kernels that are timed). A NaN shows as nan."""
+    (the exact-dot kernels, all Triton: SDPA's GPU kernels are half precision) and on bf16 ones (the timed
+    kernels, in the form `far`). A NaN shows as nan."""
     from ops.ramla import fused, naive
 
     x = [t.detach().float().requires_grad_() for t in ramla_inputs(B, T, device)]
@@ -102,28 +130,36 @@ def check(B, T, device) -> str:
     out = naive.ramla(*x[:5], x[5], W)
     ref = [out, *torch.autograd.grad(out, x, do)]
     errs = []
-    for dtype in (torch.float32, torch.bfloat16):
-        xs = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(x)]
-        out = fused.ramla(*xs[:5], xs[5], W)
-        got = [out, *torch.autograd.grad(out, xs, do.to(out.dtype))]
-        e = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
-        errs.append(float("nan") if any(v != v for v in e) else max(e))
+    saved = fused.FAR
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            fused.FAR = far if dtype == torch.bfloat16 else "triton"
+            xs = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(x)]
+            out = fused.ramla(*xs[:5], xs[5], W)
+            got = [out, *torch.autograd.grad(out, xs, do.to(out.dtype))]
+            e = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
+            errs.append(float("nan") if any(v != v for v in e) else max(e))
+    finally:
+        fused.FAR = saved
     return f"fp32 {errs[0]:.1e}, bf16 {errs[1]:.1e}"
 
 
 def run(B, T, device, heads_per_program=()) -> list[dict]:
-    rows = []
-    try:
-        err = check(B, T, device)
-    except torch.OutOfMemoryError:
-        err = "naive OOM"
-    torch.cuda.empty_cache()
+    rows, errs = [], {}
+    for name, far in (("fused", "auto"), ("fused, all Triton", "triton")):
+        try:
+            errs[name] = check(B, T, device, far)
+        except torch.OutOfMemoryError:
+            errs[name] = "naive OOM"
+        torch.cuda.empty_cache()
     for name, (fn, leaves) in variants(B, T, device, heads_per_program).items():
-        row = {"B": B, "T": T, "variant": name, "check": err if name == "fused" else ""}
+        row = {"B": B, "T": T, "variant": name, "check": errs.get(name, "")}
         try:
             row.update(measure(fn, leaves))
         except torch.OutOfMemoryError:
             row["status"] = "OOM"
+        except RuntimeError as e:    # e.g. an SDPA kernel this GPU lacks: reported in the row, not fatal
+            row["status"] = f"error: {str(e)[:100]}"
         torch.cuda.empty_cache()
         rows.append(row)
         print(row, flush=True)
@@ -136,7 +172,8 @@ SWEEP = {"fwd": [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 3
 
 
 def sweep(B, T, device) -> list[dict]:
-    """Each kernel's tiles and launch (BM, BN, warps, stages) with the other two at their defaults:
+    """Each kernel's tiles and launch (BM, BN, warps, stages) with the other two at their defaults, in the
+    all-Triton form (every score in the kernels):
     the core's forward time for `fwd`, forward+backward for the backward kernels; every candidate's
     output and gradients checked against the defaults' first (relative error ≤ 1e-2)."""
     from triton.testing import do_bench
@@ -150,7 +187,7 @@ def sweep(B, T, device) -> list[dict]:
     do = torch.randn(H, B, T, L, device=device, dtype=torch.bfloat16)
 
     def outputs():
-        o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5)
+        o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, None)
         return [o, *torch.autograd.grad(o, leaves, do)]
 
     ref, default, rows = outputs(), dict(fused.TILES), []
@@ -166,12 +203,13 @@ def sweep(B, T, device) -> list[dict]:
                     row["status"] = "FAIL"
                 elif kernel == "fwd":
                     with torch.no_grad():
-                        row["ms"] = do_bench(lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5), rep=100,
-                                             return_mode="median")
+                        row["ms"] = do_bench(lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, None),
+                                             rep=100, return_mode="median")
                     row["status"] = "ok"
                 else:
-                    row["ms"] = do_bench(lambda: torch.autograd.grad(FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5),
-                                                                     leaves, do), rep=100, return_mode="median")
+                    row["ms"] = do_bench(lambda: torch.autograd.grad(
+                        FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, None), leaves, do), rep=100,
+                        return_mode="median")
                     row["status"] = "ok"
             except Exception as e:   # a configuration that fails to compile or launch is reported, not fatal
                 row["status"] = f"error: {type(e).__name__}: {str(e)[:80]}"
@@ -199,7 +237,8 @@ def to_markdown(rows, env, command) -> str:
              f"Command: `{command}`  ", f"torch {env['torch']}, triton {env['triton']}; H{H} D{D} L{L} W{W}, bf16, "
              "forward and forward+backward medians (do_bench); peak = the attention's memory above its inputs "
              "during forward+backward.", "",
-             "| B | T | variant | fwd ms | fwd+bwd ms | naive ÷ this (fwd+bwd) | ÷ SDPA (fwd+bwd) | peak GB | check vs naive (fp32) | status |",
+             "| B | T | variant | fwd ms | fwd+bwd ms | naive ÷ this (fwd+bwd) "
+             "| ÷ SDPA (fwd+bwd; module rows: ÷ the MHA layer) | peak GB | check vs naive (fp32) | status |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for (B, T) in dict.fromkeys((r["B"], r["T"]) for r in rows):
         group = [r for r in rows if (r["B"], r["T"]) == (B, T)]
@@ -208,7 +247,7 @@ def to_markdown(rows, env, command) -> str:
             ok = r["status"] == "ok"
             naive = by[NAIVE]
             vs_naive = f"{naive['fwdbwd_ms'] / r['fwdbwd_ms']:.2f}×" if ok and naive["status"] == "ok" else ""
-            sdpa = by["sdpa (GPT-2 MHA)"]
+            sdpa = by.get(MHA_LAYER if r["variant"].startswith("module") else "sdpa (GPT-2 MHA)", {"status": ""})
             vs_sdpa = f"{r['fwdbwd_ms'] / sdpa['fwdbwd_ms']:.2f}" if ok and sdpa["status"] == "ok" else ""
             cells = [f"{r[k]:.3f}" if ok else "" for k in ("fwd_ms", "fwdbwd_ms")]
             peak = f"{r['peak_gb']:.2f}" if ok else ""

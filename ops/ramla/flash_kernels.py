@@ -22,6 +22,12 @@ kernel's column sums (dq_band) to its row sums. k and v are shared by all heads,
 takes a group of HP heads and sums their dk and dv on chip; the groups' partial sums (H / HP of them)
 are added after. HP trades that summing against parallelism: all heads in one program leave only
 B·T/64 programs (256 at GPT-2's B8 T2048, under two per SM, the causal ones uneven).
+
+FAR (the split form, ops/ramla/fused.py): the keys j < i − W carry no band term, so their part of the
+attention is plain causal attention shifted by W + 1, which SDPA's kernels compute (o_far, lse_far). The
+kernels then cover only the band 0 ≤ i − j ≤ W: the forward continues SDPA's online softmax from
+(o_far, lse_far) over the band's key blocks, and the backward kernels take the band's tiles alone (their
+dq kernel also adds SDPA's dq_far in fp32 before the one rounding store).
 """
 from __future__ import annotations
 
@@ -41,8 +47,16 @@ def _in_band(d, W):
 
 
 @triton.jit
+def _keep(d, W, FAR: tl.constexpr):
+    """The scores these kernels own: causal, and with FAR only the band (SDPA has the rest)."""
+    if FAR:
+        return _in_band(d, W)
+    return d >= 0
+
+
+@triton.jit
 def _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L: tl.constexpr, MASKED: tl.constexpr,
-            BAND: tl.constexpr, PREC: tl.constexpr):
+            BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """Scores of query rows o_m against key rows o_n [BM, BN] (the forward's and the dq kernel's
     orientation), with the band and the masks where MASKED; also the key rows' k, v and, with the
     band, their q (else k again, unused)."""
@@ -57,19 +71,19 @@ def _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L: tl.c
             b_qn = _rows(q, i_q, o_n, m_n, o_l, T, L)                    # q at the key rows
             st = tl.dot(b_kq, tl.trans(b_qn), input_precision=PREC)     # k_i·q_j
             s += tl.where(_in_band(d, W), (a * scale) * st, 0.0)
-        s = tl.where((d >= 0) & m_n[None, :], s, float("-inf"))
+        s = tl.where(_keep(d, W, FAR) & m_n[None, :], s, float("-inf"))
     return s, b_k, b_v, b_qn
 
 
 @triton.jit
 def _fwd_inner(acc, m_i, l_i, b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_l, scale, T, W, lo, hi,
                L: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, BAND: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, FAR: tl.constexpr):
     """Online softmax over the key blocks in [lo, hi). MASKED: the blocks at the diagonal and the band."""
     for start in range(lo, hi, BN):
         o_n = start + tl.arange(0, BN)
         s, b_k, b_v, b_qn = _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L, MASKED, BAND,
-                                    PREC)
+                                    PREC, FAR)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         corr = tl.exp(m_i - m_new)
@@ -80,9 +94,11 @@ def _fwd_inner(acc, m_i, l_i, b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_l, scale, 
 
 
 @triton.jit
-def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, H: tl.constexpr, L: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BAND: tl.constexpr, PREC: tl.constexpr):
-    """W = 0 when there is no band (BAND false)."""
+def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, o_far, lse_far, sfb, sfh, sft, slb, slh, slt,
+                     H: tl.constexpr, L: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BAND: tl.constexpr,
+                     PREC: tl.constexpr, FAR: tl.constexpr):
+    """W = 0 when there is no band (BAND false). With FAR, row t ≥ W + 1 starts from SDPA's o_far and
+    lse_far at row t − W − 1 (strides sf*, sl* over batch, head, row; o_far's last dim is contiguous)."""
     # heads vary fastest across programs, so the H programs of a query tile run together and read the
     # shared k, v tiles from L2; the last (longest) query tiles start first
     i_h, i_m, i_b = tl.program_id(0), tl.cdiv(T, BM) - 1 - tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -96,16 +112,28 @@ def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, H: tl.constexpr, L
         a = tl.load(alpha).to(tl.float32)
     else:
         b_kq, a = b_q, 0.0
-    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, L], dtype=tl.float32)
     # key blocks before `lo` are strictly below the diagonal and outside the band: no masks there
     lo = tl.maximum(i_m * BM - W, 0) // BN * BN
     hi = tl.minimum((i_m + 1) * BM, T)
-    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_l, scale, T, W, 0, lo,
-                               L, BN, False, BAND, PREC)
+    if FAR:
+        # SDPA's normalised result is the online softmax's state (acc, m, l) = (o_far, lse_far, 1); rows
+        # t ≤ W have no keys outside the band and start empty; rows past T, which may see no key at all,
+        # start from a finite m so that they stay NaN-free
+        far = m_m & (o_m > W)
+        t_f = tl.where(far, o_m - W - 1, 0)
+        m_i = tl.load(lse_far + i_b * slb + i_h * slh + t_f * slt, mask=far, other=float("-inf"))
+        m_i = tl.where(m_m, m_i, 0.0)
+        l_i = tl.where(far | ~m_m, 1.0, 0.0)
+        acc = tl.load(o_far + i_b * sfb + i_h * sfh + t_f[:, None] * sft + o_l[None, :], mask=far[:, None],
+                      other=0.0).to(tl.float32)
+    else:
+        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BM], dtype=tl.float32)
+        acc = tl.zeros([BM, L], dtype=tl.float32)
+        acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_l, scale, T, W, 0, lo,
+                                   L, BN, False, BAND, PREC, FAR)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_l, scale, T, W, lo, hi,
-                               L, BN, True, BAND, PREC)
+                               L, BN, True, BAND, PREC, FAR)
     acc = acc / l_i[:, None]
     tl.store(o + (i_q * T + o_m[:, None]) * L + o_l[None, :], acc.to(o.dtype.element_ty),
              mask=m_m[:, None])
@@ -115,7 +143,7 @@ def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, H: tl.constexpr, L
 @triton.jit
 def _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta, i_b, i_q, o_n, o_l, scale, T, W,
                lo, hi, L: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
-               BAND: tl.constexpr, PREC: tl.constexpr):
+               BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """One head's query blocks in [lo, hi) against key block o_n, scores transposed (keys on rows).
     Rows past T load as zeros (q, do, lse, δ), which makes their p·do and ds exactly 0."""
     for start in range(lo, hi, BM):
@@ -132,7 +160,7 @@ def _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
                 b_kq = _rows(k, i_b, o_m, m_m, o_l, T, L)
                 stb = tl.dot(b_qn, tl.trans(b_kq), input_precision=PREC)        # q_j·k_i
                 st += tl.where(_in_band(d, W), (a * scale) * stb, 0.0)
-            st = tl.where((d >= 0) & m_m[None, :], st, float("-inf"))
+            st = tl.where(_keep(d, W, FAR) & m_m[None, :], st, float("-inf"))
         pt = tl.exp(st - b_lse[None, :])
         b_dv += tl.dot(pt.to(b_do.dtype), b_do, input_precision=PREC)
         dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)
@@ -149,7 +177,7 @@ def _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
 @triton.jit
 def ramla_bwd_dkv_kernel(q, k, v, do, lse, delta, alpha, dk, dv, dq_band, dalpha, scale, NB, T, W,
                          H: tl.constexpr, HP: tl.constexpr, L: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         BAND: tl.constexpr, PREC: tl.constexpr):
+                         BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """Per key block and group of HP heads: dk's column part (scale Σ ds q) and dv, summed over the
     group's heads on chip (dk, dv: [B, T, H / HP, L] fp32, one slice per group); with the band also
     dq_band [H, B, T, L] and one partial of dα per program (dalpha: [B, cdiv(T, BN), H / HP])."""
@@ -172,9 +200,11 @@ def ramla_bwd_dkv_kernel(q, k, v, do, lse, delta, alpha, dk, dv, dq_band, dalpha
         b_dqb = tl.zeros([BN, L], dtype=tl.float32)
         b_qn = _rows(q, i_q, o_n, m_n, o_l, T, L) if BAND else b_k
         b_dk, b_dv, b_dqb, b_da = _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
-                                             i_b, i_q, o_n, o_l, scale, T, W, first, hi, L, BM, True, BAND, PREC)
-        b_dk, b_dv, b_dqb, b_da = _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
-                                             i_b, i_q, o_n, o_l, scale, T, W, hi, T, L, BM, False, BAND, PREC)
+                                             i_b, i_q, o_n, o_l, scale, T, W, first, hi, L, BM, True, BAND, PREC, FAR)
+        if not FAR:
+            b_dk, b_dv, b_dqb, b_da = _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
+                                                 i_b, i_q, o_n, o_l, scale, T, W, hi, T, L, BM, False, BAND, PREC,
+                                                 FAR)
         if BAND:
             tl.store(dq_band + (i_q * T + o_n[:, None]) * L + o_l[None, :], b_dqb * (a * scale),
                      mask=m_n[:, None])
@@ -188,12 +218,12 @@ def ramla_bwd_dkv_kernel(q, k, v, do, lse, delta, alpha, dk, dv, dq_band, dalpha
 @triton.jit
 def _dq_inner(b_dq, b_dkb, b_q, b_do, b_lse, b_delta, b_kq, a, q, k, v, i_b, i_q, o_m, o_l, scale, T, W, lo, hi,
               L: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr, BAND: tl.constexpr,
-              PREC: tl.constexpr):
+              PREC: tl.constexpr, FAR: tl.constexpr):
     """One head's key blocks in [lo, hi) against query block o_m."""
     for start in range(lo, hi, BN):
         o_n = start + tl.arange(0, BN)
         s, b_k, b_v, b_qn = _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, scale, T, W, L, MASKED, BAND,
-                                    PREC)
+                                    PREC, FAR)
         p = tl.exp(s - b_lse[:, None])
         dp = tl.dot(b_do, tl.trans(b_v), input_precision=PREC)
         ds = p * (dp - b_delta[:, None])
@@ -206,11 +236,12 @@ def _dq_inner(b_dq, b_dkb, b_q, b_do, b_lse, b_delta, b_kq, a, q, k, v, i_b, i_q
 
 
 @triton.jit
-def ramla_bwd_dq_kernel(q, k, v, do, lse, delta, alpha, dq_band, dq, dk, scale, NB, T, W,
+def ramla_bwd_dq_kernel(q, k, v, do, lse, delta, alpha, dq_band, dq, dk, scale, NB, T, W, dq_far, sfb, sfh, sft,
                         H: tl.constexpr, HP: tl.constexpr, L: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BAND: tl.constexpr, PREC: tl.constexpr):
+                        BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """Per query block and group of HP heads: dq of each head (its row part plus the dk/dv kernel's
-    dq_band), and with the band the group's row part of dk (dk: [B, T, H / HP, L] fp32)."""
+    dq_band, and with FAR SDPA's dq_far at row t − W − 1), and with the band the group's row part of dk
+    (dk: [B, T, H / HP, L] fp32)."""
     i_m, i_g, i_b = tl.cdiv(T, BM) - 1 - tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_m = i_m * BM + tl.arange(0, BM)
     m_m = o_m < T
@@ -230,14 +261,20 @@ def ramla_bwd_dq_kernel(q, k, v, do, lse, delta, alpha, dq_band, dq, dk, scale, 
         b_lse = tl.load(lse + i_q * T + o_m, mask=m_m, other=0.0)
         b_delta = tl.load(delta + i_q * T + o_m, mask=m_m, other=0.0)
         b_dq = tl.zeros([BM, L], dtype=tl.float32)
+        if not FAR:
+            b_dq, b_dkb = _dq_inner(b_dq, b_dkb, b_q, b_do, b_lse, b_delta, b_kq, a, q, k, v, i_b, i_q, o_m, o_l,
+                                    scale, T, W, 0, lo, L, BN, False, BAND, PREC, FAR)
         b_dq, b_dkb = _dq_inner(b_dq, b_dkb, b_q, b_do, b_lse, b_delta, b_kq, a, q, k, v, i_b, i_q, o_m, o_l, scale,
-                                T, W, 0, lo, L, BN, False, BAND, PREC)
-        b_dq, b_dkb = _dq_inner(b_dq, b_dkb, b_q, b_do, b_lse, b_delta, b_kq, a, q, k, v, i_b, i_q, o_m, o_l, scale,
-                                T, W, lo, hi, L, BN, True, BAND, PREC)
+                                T, W, lo, hi, L, BN, True, BAND, PREC, FAR)
         p_dq = (i_q * T + o_m[:, None]) * L + o_l[None, :]
         b_dq = b_dq * scale
         if BAND:
             b_dq += tl.load(dq_band + p_dq, mask=m_m[:, None], other=0.0)
+        if FAR:
+            far = m_m & (o_m > W)
+            t_f = tl.where(far, o_m - W - 1, 0)
+            b_dq += tl.load(dq_far + i_b * sfb + i_h * sfh + t_f[:, None] * sft + o_l[None, :], mask=far[:, None],
+                            other=0.0).to(tl.float32)
         tl.store(dq + p_dq, b_dq.to(dq.dtype.element_ty), mask=m_m[:, None])
     if BAND:
         tl.store(dk + ((i_b * T + o_m[:, None]) * (H // HP) + i_g) * L + o_l[None, :], b_dkb * (a * scale),

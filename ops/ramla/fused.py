@@ -22,6 +22,7 @@ import triton
 from ops.common.chunk import check_triton_device as check_available  # noqa: F401
 from ops.common.chunk_h import _sm_count
 from ops.common.tiles import dot_precision
+from ops.ramla import far
 from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
 
 COMPONENTS = ()                  # the whole op is one fused component; `--fuse` has nothing to choose here
@@ -32,24 +33,41 @@ TILES = {"fwd": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2)}
 PROGRAMS_PER_SM = 4              # backward: enough programs to even out the causal tiles' unequal work
 HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_per_program's choice
+# The split form: the keys past the band (j < i − W, plain causal attention) on SDPA's kernel, the band in the
+# Triton kernels ('sdpa'); or every score in the Triton kernels ('triton'). 'auto' splits where SDPA has a kernel
+# that returns the log-sum-exp (far.supports: fp16/bf16 on a GPU, any dtype on the CPU) and T ≥ FAR_MIN_T. On the
+# H100 (bench/results/2026-11-25-h100-ramla-split.md) the split's core forward+backward took 0.79x the all-Triton
+# time at T = 4096 and 0.69x at 8192, but 1.67x at 2048: there it saves 7 % of the GPU time and its cuDNN calls
+# add more host time than that, so the step becomes host-bound. On GPUs before Hopper 'auto' takes FlashAttention-2
+# for the far field, which is unmeasured there (on the H100 it tied the all-Triton form at T = 8192).
+FAR = "auto"
+FAR_KERNEL = "auto"              # SDPA's kernel for the far field: 'auto', 'cudnn' or 'flash' (far.choose)
+FAR_MIN_T = 4096
 
 
 class FlashRAMLA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, alpha, window, scale):
-        """q: [H, B, T, L] (head-major q_lat); k, v: [B, T, L] → o [H, B, T, L]."""
+    def forward(ctx, q, k, v, alpha, window, scale, far_kernel):
+        """q: [H, B, T, L] (head-major q_lat); k, v: [B, T, L] → o [H, B, T, L]. far_kernel: None (every score
+        in the Triton kernels) or one of far.KERNELS (the keys past the band on SDPA's kernel)."""
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         H, B, T, L = q.shape
         band = alpha is not None
         W = min(window, T) if band else 0        # a wider band is the whole causal triangle (and stays in int32)
+        far_kernel = far_kernel if T > W + 1 else None      # no key lies past the band
         o = torch.empty_like(q)
         lse = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
         a = alpha.detach().reshape(()).to(q.device, torch.float32) if band else lse   # a dummy pointer without the band
+        o_far, lse_far, aux = lse, lse, ()       # dummies without the far field
+        if far_kernel:
+            o_far, lse_far, aux = far.forward(far_kernel, *far_inputs(q, k, v, W), scale)
         fwd = TILES["fwd"]
-        ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](q, k, v, o, lse, a, scale, B, T, W, H=H, L=L, BAND=band,
-                                                            PREC=dot_precision(q), **fwd)
+        ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](
+            q, k, v, o, lse, a, scale, B, T, W, o_far, lse_far, *far_strides(o_far, far_kernel),
+            *far_strides(lse_far, far_kernel), H=H, L=L, BAND=band, PREC=dot_precision(q), FAR=bool(far_kernel),
+            **fwd)
         ctx.save_for_backward(q, k, v, o, lse, *([alpha] if band else []))
-        ctx.window, ctx.scale, ctx.band = W, scale, band
+        ctx.window, ctx.scale, ctx.band, ctx.far_kernel, ctx.aux = W, scale, band, far_kernel, aux
         ctx.heads_per_program = heads_per_program(B, T, H, q.device)   # chosen now: overrides hold for the call
         return o
 
@@ -58,10 +76,16 @@ class FlashRAMLA(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse, *alpha = ctx.saved_tensors
         H, B, T, L = q.shape
-        HP = ctx.heads_per_program
+        HP, W, far_kernel = ctx.heads_per_program, ctx.window, ctx.far_kernel
         G = H // HP
         do = do.contiguous()
         delta = (do.float() * o.float()).sum(-1)                                          # [H, B, T]
+        dq_far = delta                                                                    # a dummy pointer
+        if far_kernel:   # first, so that the dq kernel adds dq_far in fp32 before its one rounding
+            t_far = T - W - 1
+            dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), *far_inputs(q, k, v, W),
+                                                  far_rows(o, W), lse.transpose(0, 1)[:, :, W + 1:], ctx.aux,
+                                                  ctx.scale)
         f32 = dict(device=q.device, dtype=torch.float32)
         dk_col, dv = torch.empty(B, T, G, L, **f32), torch.empty(B, T, G, L, **f32)
         dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_col
@@ -69,15 +93,43 @@ class FlashRAMLA(torch.autograd.Function):
         dkv, dqt = TILES["dkv"], TILES["dq"]
         dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
         a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
-        meta = dict(H=H, HP=HP, L=L, BAND=ctx.band, PREC=dot_precision(q))
+        meta = dict(H=H, HP=HP, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))
         ramla_bwd_dkv_kernel[(triton.cdiv(T, dkv["BN"]), G, B)](q, k, v, do, lse, delta, a, dk_col, dv, dq_band,
-                                                                dalpha, ctx.scale, B, T, ctx.window, **meta, **dkv)
+                                                                dalpha, ctx.scale, B, T, W, **meta, **dkv)
         dq = torch.empty_like(q)
         ramla_bwd_dq_kernel[(triton.cdiv(T, dqt["BM"]), G, B)](q, k, v, do, lse, delta, a, dq_band, dq, dk_row,
-                                                               ctx.scale, B, T, ctx.window, **meta, **dqt)
+                                                               ctx.scale, B, T, W, dq_far,
+                                                               *far_strides(dq_far, far_kernel), **meta, **dqt)
         dk = dk_col.sum(2) + dk_row.sum(2) if ctx.band else dk_col.sum(2)
+        dv = dv.sum(2)
+        if far_kernel:                                   # SDPA's per-head dk, dv of the keys 0 … T − W − 2
+            dk[:, :t_far] += dk_far.sum(1, dtype=torch.float32)
+            dv[:, :t_far] += dv_far.sum(1, dtype=torch.float32)
         da = dalpha.sum().reshape(alpha[0].shape).to(alpha[0]) if ctx.band else None
-        return dq, dk.to(k.dtype), dv.sum(2).to(v.dtype), da, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), da, None, None, None
+
+
+def far_rows(x: torch.Tensor, W: int) -> torch.Tensor:
+    """The far field's query rows of a head-major [H, B, T, L] tensor, as the view [B, H, T − W − 1, L]."""
+    return x.transpose(0, 1)[:, :, W + 1:]
+
+
+def far_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, W: int) -> tuple[torch.Tensor, ...]:
+    """SDPA's q, k, v for the far field: the query rows W + 1 … and the keys … T − W − 2, each key shared by
+    the H heads through a stride-0 view rather than a copy."""
+    H, B, T, L = q.shape
+    keys = (x[:, None, :T - W - 1].expand(B, H, T - W - 1, L) for x in (k, v))
+    return (far_rows(q, W), *keys)
+
+
+def far_strides(x: torch.Tensor, far_kernel: str | None) -> tuple[int, int, int]:
+    """Batch, head and row strides of a far-field tensor [B, H, T', ...] for the kernels (0s for a dummy)."""
+    if not far_kernel:
+        return 0, 0, 0
+    if x.dim() == 4 and x.stride(-1) != 1:
+        raise RuntimeError(f"ramla: SDPA's far-field tensor has strides {x.stride()}; the kernels need the "
+                           "last dim contiguous")
+    return x.stride(0), x.stride(1), x.stride(2)
 
 
 def heads_per_program(B: int, T: int, H: int, device: torch.device) -> int:
@@ -110,9 +162,23 @@ def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch
     B, T, H, D = q.shape
     q_lat = latent_queries(q, w_ql)
     k_lat, v_lat = (x.to(q_lat.dtype).contiguous() for x in (k_lat, v_lat))
-    ctx = FlashRAMLA.apply(q_lat, k_lat, v_lat, alpha, window, scale)
+    ctx = FlashRAMLA.apply(q_lat, k_lat, v_lat, alpha, window, scale, far_kernel(q_lat))
     out = torch.bmm(ctx.view(H, B * T, L), w_vu.to(ctx.dtype))                       # [H, B·T, D]
     return out.transpose(0, 1).view(B, T, H, D)
+
+
+def far_kernel(q_lat: torch.Tensor) -> str | None:
+    """The far field's SDPA kernel under FAR and FAR_KERNEL (None: all scores in the Triton kernels)."""
+    from ops import BackendError
+
+    if FAR not in ("auto", "sdpa", "triton"):
+        raise ValueError(f"ramla: FAR must be 'auto', 'sdpa' or 'triton', got {FAR!r}")
+    if FAR == "triton" or (FAR == "auto" and (not far.supports(q_lat) or q_lat.shape[2] < FAR_MIN_T)):
+        return None
+    if not far.supports(q_lat):
+        raise BackendError(f"op 'ramla', backend 'fused': SDPA's far-field kernels take fp16 or bf16 on a GPU, "
+                           f"got {q_lat.dtype}; train in bf16 or set ops.ramla.fused.FAR = 'triton'")
+    return far.choose(q_lat, FAR_KERNEL)
 
 
 def latent_queries(q: torch.Tensor, w_ql: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,17 @@ def test_gradcheck_tiny():
 
 # ---- the `fused` backend (flash kernels, issue [I]) against the naive oracle ----
 
+@pytest.fixture(params=["sdpa", "triton"])
+def far_mode(request, device, monkeypatch):
+    """Both forms of the fused op: the far field on SDPA's kernel with the band in Triton ('sdpa'), and
+    every score in the Triton kernels ('triton'). The fp32 tests take the first on the CPU only: SDPA's
+    GPU kernels are half precision (test_fused_split_half_precision covers them)."""
+    if request.param == "sdpa" and device == "cuda":
+        pytest.skip("SDPA's far-field kernels take fp16/bf16 on a GPU; test_fused_split_half_precision runs them")
+    monkeypatch.setattr("ops.ramla.fused.FAR", request.param)
+    return request.param
+
+
 def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1):
     """Relative errors of the fused output and of every gradient (q, k_lat, v_lat, w_ql, w_vu, α)
     against naive on the same inputs; naive runs in fp32 whatever `dtype` the fused op gets."""
@@ -106,13 +117,13 @@ def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q
     (1, 70, 3, 8, 16, 3, None),       # plain MLA: no band
     (1, 100, 2, 8, 16, 200, 0.9),     # band wider than the sequence
 ])
-def test_fused_matches_naive(B, T, H, D, L, W, alpha, device, poison_empty):
+def test_fused_matches_naive(B, T, H, D, L, W, alpha, device, far_mode, poison_empty):
     errs = fused_vs_naive(B, T, H, D, L, W, alpha, device)
     names = ["o", "dq", "dk_lat", "dv_lat", "dw_ql", "dw_vu", "dalpha"]   # all(): max() would skip a NaN
     assert all(e < 2e-5 for e in errs), dict(zip(names, errs))
 
 
-def test_fused_large_logits(device):
+def test_fused_large_logits(device, far_mode):
     """Scores of a few hundred: the online softmax must neither overflow nor lose the gradients."""
     errs = fused_vs_naive(1, 100, 2, 8, 16, 10, 0.5, device, q_mult=30.0)
     assert all(e < 1e-4 for e in errs), errs
@@ -135,23 +146,84 @@ def test_fused_rejects_unsupported_latent_dim(device):
         fused.ramla(*[x.float().to(device) for x in make_inputs(1, 8, 1, 4, 24)], None, 2)
 
 
+def test_fused_split_uses_sdpa(device, monkeypatch):
+    """The split form runs the far field through far.forward/backward, and the all-Triton form never does;
+    both give naive's result (so neither test above passes by one form standing in for the other)."""
+    from ops.ramla import far
+
+    calls = []
+    for name in ("forward", "backward"):
+        real = getattr(far, name)
+        monkeypatch.setattr(far, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    for mode, expected in (("sdpa", ["forward", "backward"]), ("triton", [])):
+        monkeypatch.setattr("ops.ramla.fused.FAR", mode)
+        calls.clear()
+        errs = fused_vs_naive(1, 100, 2, 8, 16, 10, 0.5, device, dtype)
+        assert calls == expected and all(e < (2e-2 if device == "cuda" else 2e-5) for e in errs), (mode, calls, errs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="SDPA's cuDNN and flash kernels need a CUDA GPU")
+@pytest.mark.parametrize("kernel", ["cudnn", "flash"])
+@pytest.mark.parametrize("B,T,H,D,L,W,alpha", [
+    (1, 37, 1, 8, 16, 5, 0.7), (2, 100, 2, 8, 16, 70, 0.5), (1, 130, 2, 12, 32, 0, -0.3),
+    (1, 70, 3, 8, 16, 3, None), (2, 333, 4, 64, 64, 64, 0.5),
+])
+def test_fused_split_half_precision(kernel, B, T, H, D, L, W, alpha, monkeypatch):
+    """The split form on each SDPA kernel at odd shapes, bf16 against naive in fp32: the output and the tensor
+    gradients within 2e-2, and dα, a sum that nearly cancels, no further off than the all-Triton form's."""
+    monkeypatch.setattr("ops.ramla.fused.FAR", "triton")
+    ref = fused_vs_naive(B, T, H, D, L, W, alpha, "cuda", torch.bfloat16)
+    monkeypatch.setattr("ops.ramla.fused.FAR", "sdpa")
+    monkeypatch.setattr("ops.ramla.fused.FAR_KERNEL", kernel)
+    errs = fused_vs_naive(B, T, H, D, L, W, alpha, "cuda", torch.bfloat16)
+    assert all(e < 2e-2 for e in errs[:6]), errs
+    assert alpha is None or errs[6] < 2 * ref[6] + 1e-2, (errs[6], ref[6])
+
+
+def test_fused_split_refuses_fp32_on_gpu(monkeypatch):
+    """FAR = 'sdpa' on an fp32 GPU tensor is an error naming the remedy, not a quiet switch to Triton."""
+    from ops import BackendError
+    from ops.ramla import fused
+
+    class FakeCudaFp32:   # far_kernel reads only device and dtype, so no GPU is needed
+        device, dtype = torch.device("cuda"), torch.float32
+
+    monkeypatch.setattr("ops.ramla.fused.FAR", "sdpa")
+    with pytest.raises(BackendError, match="FAR = 'triton'"):
+        fused.far_kernel(FakeCudaFp32())
+    monkeypatch.setattr("ops.ramla.fused.FAR", "auto")
+    assert fused.far_kernel(FakeCudaFp32()) is None
+
+
+def test_fused_auto_splits_long_sequences_only(monkeypatch):
+    """'auto' keeps every score in Triton below FAR_MIN_T (where the split measured slower) and splits from it."""
+    from ops.ramla import fused
+
+    monkeypatch.setattr("ops.ramla.fused.FAR", "auto")
+    short, long = (torch.empty(1, 1, t, 16) for t in (fused.FAR_MIN_T - 1, fused.FAR_MIN_T))
+    assert fused.far_kernel(short) is None and fused.far_kernel(long) == "cpu"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
+@pytest.mark.parametrize("far", ["sdpa", "triton"])
 @pytest.mark.parametrize("alpha", [0.5, None])
-def test_fused_bf16_full_shape(alpha):
-    """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32."""
+def test_fused_bf16_full_shape(alpha, far, monkeypatch):
+    """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32, in both forms."""
+    monkeypatch.setattr("ops.ramla.fused.FAR", far)
     errs = fused_vs_naive(8, 2048, 12, 64, 64, 64, alpha, "cuda", torch.bfloat16)
     assert all(e < 2e-2 for e in errs), errs
 
 
 @pytest.mark.parametrize("heads_per_program", [2, 6])
-def test_fused_head_groups(heads_per_program, device, monkeypatch):
+def test_fused_head_groups(heads_per_program, device, far_mode, monkeypatch):
     """The backward's head groups (several heads summed on chip per program) change nothing."""
     monkeypatch.setattr("ops.ramla.fused.HEADS_PER_PROGRAM", heads_per_program)
     errs = fused_vs_naive(1, 90, 6, 8, 16, 20, 0.5, device)
     assert all(e < 2e-5 for e in errs), errs
 
 
-def test_fused_other_tiles(device, monkeypatch):
+def test_fused_other_tiles(device, far_mode, monkeypatch):
     """Tiles the sweep tries (BM ≠ BN in every kernel) give the same results."""
     monkeypatch.setattr("ops.ramla.fused.TILES", {"fwd": dict(BM=32, BN=16, num_warps=4, num_stages=2),
                                                   "dkv": dict(BM=16, BN=32, num_warps=4, num_stages=2),

@@ -1,0 +1,67 @@
+"""The far field of RA+MLA on SDPA's own attention kernels (the `fused` backend's split form, issue [I]).
+
+A key j < i − W carries no reciprocal term, so that part of the attention is plain causal attention: the
+queries W + 1 … T − 1 against the keys 0 … T − W − 2 with the usual top-left causal mask. SDPA's kernels
+(cuDNN's or FlashAttention-2's on a GPU, the CPU's flash kernel under the interpreter) compute it at their
+speed and return its log-sum-exp; the band kernels (flash_kernels.py, FAR) continue the online softmax from
+there. The backward calls SDPA's backward with the *merged* output and log-sum-exp, which makes its
+p = exp(s − lse) the final probabilities and its δ = rowsum(do·o) the final δ, so the gradients it returns
+are exactly the far keys' share. PyTorch's context parallelism merges ring-attention blocks the same way
+(torch.distributed.tensor.experimental._context_parallel).
+
+These are SDPA's private aten ops (the public function returns neither the log-sum-exp nor a backward that
+takes one); tests/ops/test_ramla.py checks them against the naive oracle on every device it runs on.
+"""
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+KERNELS = ("cudnn", "flash", "cpu")
+
+
+def supports(q: torch.Tensor) -> bool:
+    """Whether SDPA has a kernel here that returns the log-sum-exp: on a GPU, fp16 and bf16 only."""
+    return q.device.type == "cpu" or (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16))
+
+
+def choose(q: torch.Tensor, kernel: str) -> str:
+    """`kernel` ('auto' or one of KERNELS) for q's device: on Hopper and later 'auto' is cuDNN's kernel,
+    which measured 1.6x FlashAttention-2's forward at GPT-2's shape on the H100 (bench_wmma's table)."""
+    if q.device.type == "cpu":
+        return "cpu"
+    if kernel == "auto":
+        return "cudnn" if torch.cuda.get_device_capability(q.device) >= (9, 0) else "flash"
+    if kernel not in KERNELS[:2]:
+        raise ValueError(f"ramla: far-field kernel {kernel!r} is not one of 'auto', {KERNELS[:2]} on a GPU")
+    return kernel
+
+
+def forward(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Causal attention of q [B, H, T', L] on k, v [B, H, T', L] (any strides, last dim contiguous)
+    → (o [B, H, T', L], lse [B, H, T'] fp32 (a view), aux for `backward`)."""
+    if kernel == "cpu":
+        o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+        return o, lse, ()
+    if kernel == "cudnn":
+        o, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, True, False, scale=scale)
+        return o, lse[..., 0], (cq, ck, mq, mk, seed, offset)
+    o, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, True, False, scale=scale)
+    return o, lse, (cq, ck, mq, mk, seed, offset)
+
+
+def backward(kernel: str, do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor, aux: tuple, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), each [B, H, T', L], for the merged o and lse [B, H, T'] of the rows q holds."""
+    lse = lse.contiguous()        # a strided log-sum-exp gives wrong gradients (torch's ring attention notes)
+    if kernel == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, True,
+                                                                          scale=scale)
+    cq, ck, mq, mk, seed, offset = aux
+    if kernel == "cudnn":
+        return aten._scaled_dot_product_cudnn_attention_backward(do, q, k, v, o, lse.unsqueeze(-1), seed, offset,
+                                                                 None, cq, ck, mq, mk, 0.0, True, scale=scale)
+    return aten._scaled_dot_product_flash_attention_backward(do, q, k, v, o, lse, cq, ck, mq, mk, 0.0, True,
+                                                             seed, offset, scale=scale)

@@ -1,0 +1,67 @@
+"""Where the fused RA+MLA core's forward+backward spends its time, per form (all Triton; far field on cuDNN's or
+FlashAttention-2's kernel with the band in Triton): the host's time to enqueue a step beside the step's wall time
+(a step is host-bound when the two agree), then torch.profiler's kernel table.
+
+    python scripts/profile_ramla.py --seq-len 2048 > prof.log
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+FORMS = (("triton", "auto"), ("sdpa", "cudnn"), ("sdpa", "flash"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from ops.ramla import fused
+    from ops.ramla.fused import FlashRAMLA, latent_queries
+    from scripts.bench_ramla import H, L, W, ramla_inputs
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=20)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_ramla.py profiles CUDA kernels; run it on a GPU")
+    B, T = args.batch, args.seq_len
+    q, k, v, w_ql, _, alpha = ramla_inputs(B, T, "cuda")
+    q_lat = latent_queries(q, w_ql).detach().requires_grad_()
+    leaves = [q_lat, k, v, alpha]
+    do = torch.randn(H, B, T, L, device="cuda", dtype=torch.bfloat16)
+    for far, kernel in FORMS:
+        fused.FAR, fused.FAR_KERNEL = far, kernel
+
+        def step():
+            o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, fused.far_kernel(q_lat))
+            torch.autograd.grad(o, leaves, do)
+
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        print(f"== {far} {kernel}: host {1e3 * (t1 - t0) / args.steps:.3f} ms/step enqueue, "
+              f"{1e3 * (t2 - t0) / args.steps:.3f} ms/step wall", flush=True)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
