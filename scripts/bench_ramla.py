@@ -9,7 +9,8 @@ Each row: forward and forward+backward medians (triton.testing.do_bench), and th
 peak memory in the forward+backward (the peak above the inputs, which are allocated first). fused is
 checked against naive in fp32 before timing wherever naive fits in memory, on fp32 inputs and on the
 timed bf16 ones; a row that runs out of memory says so. naive is the oracle: it computes in fp32 (no
-TF32) whatever its inputs, so its times and memory are those of an fp32 T×T implementation. `fused core` is the flash kernels alone on precomputed q_lat (without the W_ql and
+TF32) whatever its inputs, so its times and memory are those of an fp32 T×T implementation. `fused core` is
+the attention alone (from T = 4096 the split form: cuDNN and the band kernels) on precomputed q_lat (without the W_ql and
 W_vu GEMMs), at the backward's automatic head grouping and, with --heads-per-program, at others. Writes bench/results/<date>-<device>-ramla.{md,json,png}.
 """
 from __future__ import annotations
@@ -43,8 +44,8 @@ def ramla_inputs(B, T, device, dtype=torch.bfloat16):
 
 def variants(B, T, device, heads_per_program=()):
     """name → (forward function returning one tensor, leaves needing grad). `fused` is the op as the model
-    calls it (the split form on the H100: far field on cuDNN's kernel, band in Triton); the `, all Triton` and
-    `, split <kernel>` rows pin one form. The `module` rows are each model's whole attention layer (its
+    calls it (from fused.FAR_MIN_T on the split form: far field on cuDNN's kernel, band in Triton); the
+    `, all Triton` and `, split <kernel>` rows pin one form. The `module` rows are each model's whole attention layer (its
     projections, the op, the output projection) under bf16 autocast, the comparison a training step sees."""
     from model.config import ModelConfig
     from model.gpt2 import MHA, RAMLA
@@ -65,6 +66,8 @@ def variants(B, T, device, heads_per_program=()):
         cfg = ModelConfig(family="gpt2", attention=kind, backend="fused" if kind == "ramla" else "naive",
                           latent_dim=L, ra_window=W)
         layer = (RAMLA if kind == "ramla" else MHA)(cfg, 0).to(device)
+        if kind == "ramla":
+            layer.init_extra()                   # W_ql, W_vu, α: the model's own init (they start empty)
         x_in = torch.randn(B, T, H * D, device=device, requires_grad=True)
 
         def call():
@@ -141,7 +144,7 @@ def check(B, T, device, far="auto") -> str:
             errs.append(float("nan") if any(v != v for v in e) else max(e))
     finally:
         fused.FAR = saved
-    return f"fp32 {errs[0]:.1e}, bf16 {errs[1]:.1e}"
+    return f"fp32 (all Triton) {errs[0]:.1e}, bf16 {errs[1]:.1e}"
 
 
 def run(B, T, device, heads_per_program=()) -> list[dict]:

@@ -21,17 +21,23 @@ KERNELS = ("cudnn", "flash", "cpu")
 
 
 def supports(q: torch.Tensor) -> bool:
-    """Whether SDPA has a kernel here that returns the log-sum-exp: on a GPU, fp16 and bf16 only."""
-    return q.device.type == "cpu" or (q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16))
+    """Whether SDPA has a kernel here that returns the log-sum-exp: the CPU's; on an NVIDIA GPU from Ampere on
+    (CUDA, not ROCm) with SDPA's flash or cuDNN kernel enabled, in fp16 or bf16 only."""
+    if q.device.type == "cpu":
+        return True
+    return (q.device.type == "cuda" and torch.version.hip is None and q.dtype in (torch.float16, torch.bfloat16)
+            and torch.cuda.get_device_capability(q.device) >= (8, 0)
+            and (torch.backends.cuda.flash_sdp_enabled() or torch.backends.cuda.cudnn_sdp_enabled()))
 
 
 def choose(q: torch.Tensor, kernel: str) -> str:
-    """`kernel` ('auto' or one of KERNELS) for q's device: on Hopper and later 'auto' is cuDNN's kernel,
-    which measured 1.6x FlashAttention-2's forward at GPT-2's shape on the H100 (bench_wmma's table)."""
+    """`kernel` ('auto' or one of KERNELS) for q's device: on Hopper and later 'auto' is cuDNN's kernel where
+    enabled, which measured 1.6x FlashAttention-2's forward at GPT-2's shape on the H100 (bench_wmma's table)."""
     if q.device.type == "cpu":
         return "cpu"
     if kernel == "auto":
-        return "cudnn" if torch.cuda.get_device_capability(q.device) >= (9, 0) else "flash"
+        hopper = torch.cuda.get_device_capability(q.device) >= (9, 0)
+        return "cudnn" if hopper and torch.backends.cuda.cudnn_sdp_enabled() else "flash"
     if kernel not in KERNELS[:2]:
         raise ValueError(f"ramla: far-field kernel {kernel!r} is not one of 'auto', {KERNELS[:2]} on a GPU")
     return kernel

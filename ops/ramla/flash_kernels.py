@@ -27,7 +27,7 @@ FAR (the split form, ops/ramla/fused.py): the keys j < i − W carry no band ter
 attention is plain causal attention shifted by W + 1, which SDPA's kernels compute (o_far, lse_far). The
 kernels then cover only the band 0 ≤ i − j ≤ W: the forward continues SDPA's online softmax from
 (o_far, lse_far) over the band's key blocks, and the backward kernels take the band's tiles alone (their
-dq kernel also adds SDPA's dq_far in fp32 before the one rounding store).
+dq kernel also adds SDPA's dq_far, already rounded to the input dtype, in fp32 before its store).
 """
 from __future__ import annotations
 
@@ -120,12 +120,12 @@ def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, o_far, lse_far, sf
         # t ≤ W have no keys outside the band and start empty; rows past T, which may see no key at all,
         # start from a finite m so that they stay NaN-free
         far = m_m & (o_m > W)
-        t_f = tl.where(far, o_m - W - 1, 0)
-        m_i = tl.load(lse_far + i_b * slb + i_h * slh + t_f * slt, mask=far, other=float("-inf"))
+        t_f = tl.where(far, o_m - W - 1, 0).to(tl.int64)      # int64: the far tensors' offsets can pass 2³¹
+        m_i = tl.load(lse_far + i_b * slb + tl.cast(i_h, tl.int64) * slh + t_f * slt, mask=far, other=float("-inf"))
         m_i = tl.where(m_m, m_i, 0.0)
         l_i = tl.where(far | ~m_m, 1.0, 0.0)
-        acc = tl.load(o_far + i_b * sfb + i_h * sfh + t_f[:, None] * sft + o_l[None, :], mask=far[:, None],
-                      other=0.0).to(tl.float32)
+        p_far = o_far + i_b * sfb + tl.cast(i_h, tl.int64) * sfh + t_f[:, None] * sft + o_l[None, :]
+        acc = tl.load(p_far, mask=far[:, None], other=0.0).to(tl.float32)
     else:
         m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BM], dtype=tl.float32)
@@ -272,9 +272,9 @@ def ramla_bwd_dq_kernel(q, k, v, do, lse, delta, alpha, dq_band, dq, dk, scale, 
             b_dq += tl.load(dq_band + p_dq, mask=m_m[:, None], other=0.0)
         if FAR:
             far = m_m & (o_m > W)
-            t_f = tl.where(far, o_m - W - 1, 0)
-            b_dq += tl.load(dq_far + i_b * sfb + i_h * sfh + t_f[:, None] * sft + o_l[None, :], mask=far[:, None],
-                            other=0.0).to(tl.float32)
+            t_f = tl.where(far, o_m - W - 1, 0).to(tl.int64)
+            p_far = dq_far + i_b * sfb + tl.cast(i_h, tl.int64) * sfh + t_f[:, None] * sft + o_l[None, :]
+            b_dq += tl.load(p_far, mask=far[:, None], other=0.0).to(tl.float32)
         tl.store(dq + p_dq, b_dq.to(dq.dtype.element_ty), mask=m_m[:, None])
     if BAND:
         tl.store(dk + ((i_b * T + o_m[:, None]) * (H // HP) + i_g) * L + o_l[None, :], b_dkb * (a * scale),

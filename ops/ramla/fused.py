@@ -81,7 +81,7 @@ class FlashRAMLA(torch.autograd.Function):
         do = do.contiguous()
         delta = (do.float() * o.float()).sum(-1)                                          # [H, B, T]
         dq_far = delta                                                                    # a dummy pointer
-        if far_kernel:   # first, so that the dq kernel adds dq_far in fp32 before its one rounding
+        if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
             t_far = T - W - 1
             dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), *far_inputs(q, k, v, W),
                                                   far_rows(o, W), lse.transpose(0, 1)[:, :, W + 1:], ctx.aux,
