@@ -54,7 +54,8 @@ class FlashRAMLA(torch.autograd.Function):
         H, B, T, L = q.shape
         band = alpha is not None
         W = min(window, T) if band else 0        # a wider band is the whole causal triangle (and stays in int32)
-        far_kernel = far_kernel if T > W + 1 else None      # no key lies past the band
+        # the far field has T − W − 1 rows; cuDNN's frontend rejects a sequence of 1 ("s_q = s_kv = 1")
+        far_kernel = far_kernel if T - W - 1 >= 2 else None
         o = torch.empty_like(q)
         lse = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
         a = alpha.detach().reshape(()).to(q.device, torch.float32) if band else lse   # a dummy pointer without the band

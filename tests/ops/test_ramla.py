@@ -116,7 +116,7 @@ def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q
     (1, 130, 2, 12, 32, 0, -0.3),     # W = 0: the band is the diagonal; D ≠ L
     (1, 70, 3, 8, 16, 3, None),       # plain MLA: no band
     (1, 100, 2, 8, 16, 200, 0.9),     # band wider than the sequence
-    (2, 12, 2, 8, 16, 10, 0.5),       # T = W + 2: the split's far field is one query row against one key
+    (2, 13, 2, 8, 16, 10, 0.5),       # T = W + 3: the split's smallest far field, two rows (one is all Triton)
 ])
 def test_fused_matches_naive(B, T, H, D, L, W, alpha, device, far_mode, poison_empty):
     errs = fused_vs_naive(B, T, H, D, L, W, alpha, device)
@@ -168,7 +168,8 @@ def test_fused_split_uses_sdpa(device, monkeypatch):
 @pytest.mark.parametrize("kernel", ["cudnn", "flash"])
 @pytest.mark.parametrize("B,T,H,D,L,W,alpha", [
     (1, 37, 1, 8, 16, 5, 0.7), (2, 100, 2, 8, 16, 70, 0.5), (1, 130, 2, 12, 32, 0, -0.3),
-    (1, 70, 3, 8, 16, 3, None), (2, 333, 4, 64, 64, 64, 0.5), (2, 12, 2, 8, 16, 10, 0.5),
+    (1, 70, 3, 8, 16, 3, None), (2, 333, 4, 64, 64, 64, 0.5), (2, 13, 2, 8, 16, 10, 0.5),
+    (2, 12, 2, 8, 16, 10, 0.5),
 ])
 def test_fused_split_half_precision(kernel, B, T, H, D, L, W, alpha, monkeypatch):
     """The split form on each SDPA kernel at odd shapes, bf16 against naive in fp32: the output and the tensor
