@@ -20,6 +20,7 @@ import datetime
 import json
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -42,11 +43,25 @@ def ramla_inputs(B, T, device, dtype=torch.bfloat16):
     return [x.to(dtype).requires_grad_() for x in (q, k_lat, v_lat)] + [x.requires_grad_() for x in (w_ql, w_vu, alpha)]
 
 
+@contextmanager
+def form(far: str = "auto", kernel: str = "auto", hp: int | None = None):
+    """The fused op's form for the block: ops.ramla.fused's FAR, FAR_KERNEL and HEADS_PER_PROGRAM, restored after."""
+    from ops.ramla import fused
+
+    saved = fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM
+    fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = far, kernel, hp
+    try:
+        yield
+    finally:
+        fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = saved
+
+
 def variants(B, T, device, heads_per_program=()):
     """name → (forward function returning one tensor, leaves needing grad). `fused` is the op as the model
     calls it (from fused.FAR_MIN_T on the split form: far field on cuDNN's kernel, band in Triton); the
-    `, all Triton` and `, split <kernel>` rows pin one form. The `module` rows are each model's whole attention layer (its
-    projections, the op, the output projection) under bf16 autocast, the comparison a training step sees."""
+    `, all Triton` and `, split <kernel>` rows pin one form. The `module` rows are each model's whole attention
+    layer (its projections, the op, the output projection) under bf16 autocast, the comparison a training step
+    sees."""
     from model.config import ModelConfig
     from model.gpt2 import MHA, RAMLA
     from ops.ramla import fused, naive
@@ -54,12 +69,8 @@ def variants(B, T, device, heads_per_program=()):
 
     def pinned(fn, far="auto", kernel="auto", hp=None):
         def call():
-            saved = fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM
-            fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = far, kernel, hp
-            try:                 # the backward reads the form the forward saved, so setting it here suffices
+            with form(far, kernel, hp):  # the backward reads the form the forward saved, so the forward suffices
                 return fn()
-            finally:
-                fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = saved
         return call
 
     def module(kind):
@@ -133,17 +144,13 @@ def check(B, T, device, far="auto") -> str:
     out = naive.ramla(*x[:5], x[5], W)
     ref = [out, *torch.autograd.grad(out, x, do)]
     errs = []
-    saved = fused.FAR
-    try:
-        for dtype in (torch.float32, torch.bfloat16):
-            fused.FAR = far if dtype == torch.bfloat16 else "triton"
+    for dtype in (torch.float32, torch.bfloat16):
+        with form(far if dtype == torch.bfloat16 else "triton"):
             xs = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(x)]
             out = fused.ramla(*xs[:5], xs[5], W)
             got = [out, *torch.autograd.grad(out, xs, do.to(out.dtype))]
-            e = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
-            errs.append(float("nan") if any(v != v for v in e) else max(e))
-    finally:
-        fused.FAR = saved
+        e = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
+        errs.append(float("nan") if any(v != v for v in e) else max(e))
     return f"fp32 (all Triton) {errs[0]:.1e}, bf16 {errs[1]:.1e}"
 
 

@@ -85,8 +85,7 @@ class FlashRAMLA(torch.autograd.Function):
         if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
             t_far = T - W - 1
             dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), *far_inputs(q, k, v, W),
-                                                  far_rows(o, W), lse.transpose(0, 1)[:, :, W + 1:], ctx.aux,
-                                                  ctx.scale)
+                                                  far_rows(o, W), far_rows(lse, W), ctx.aux, ctx.scale)
         f32 = dict(device=q.device, dtype=torch.float32)
         dk_col, dv = torch.empty(B, T, G, L, **f32), torch.empty(B, T, G, L, **f32)
         dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_col
@@ -111,7 +110,7 @@ class FlashRAMLA(torch.autograd.Function):
 
 
 def far_rows(x: torch.Tensor, W: int) -> torch.Tensor:
-    """The far field's query rows of a head-major [H, B, T, L] tensor, as the view [B, H, T − W − 1, L]."""
+    """The far field's query rows of a head-major [H, B, T, …] tensor, as the view [B, H, T − W − 1, …]."""
     return x.transpose(0, 1)[:, :, W + 1:]
 
 
@@ -174,7 +173,7 @@ def far_kernel(q_lat: torch.Tensor) -> str | None:
 
     if FAR not in ("auto", "sdpa", "triton"):
         raise ValueError(f"ramla: FAR must be 'auto', 'sdpa' or 'triton', got {FAR!r}")
-    if FAR == "triton" or (FAR == "auto" and (not far.supports(q_lat) or q_lat.shape[2] < FAR_MIN_T)):
+    if FAR == "triton" or (FAR == "auto" and (q_lat.shape[2] < FAR_MIN_T or not far.supports(q_lat))):
         return None
     if not far.supports(q_lat):
         raise BackendError(f"op 'ramla', backend 'fused': SDPA's far-field kernels take fp16 or bf16 on a GPU, "

@@ -188,8 +188,9 @@ def test_fused_split_refuses_fp32_on_gpu(monkeypatch):
     from ops import BackendError
     from ops.ramla import fused
 
-    class FakeCudaFp32:   # far_kernel reads only device and dtype, so no GPU is needed
+    class FakeCudaFp32:   # far_kernel reads only device, dtype and shape, so no GPU is needed
         device, dtype = torch.device("cuda"), torch.float32
+        shape = (1, 1, fused.FAR_MIN_T, 16)   # long enough that 'auto' declines for the dtype, not the length
 
     monkeypatch.setattr("ops.ramla.fused.FAR", "sdpa")
     with pytest.raises(BackendError, match="FAR = 'triton'"):
