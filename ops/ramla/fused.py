@@ -23,7 +23,8 @@ from ops.common.chunk import check_triton_device as check_available  # noqa: F40
 from ops.common.chunk_h import _sm_count
 from ops.common.tiles import dot_precision
 from ops.ramla import far
-from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
+from ops.ramla.flash_kernels import (ramla_bwd_delta_kernel, ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel,
+                                    ramla_bwd_reduce_kernel, ramla_fwd_kernel)
 
 COMPONENTS = ()                  # the whole op is one fused component; `--fuse` has nothing to choose here
 LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot's minimum
@@ -31,6 +32,7 @@ LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot'
 TILES = {"fwd": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dkv": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2)}
+ROWS = 64                        # rows per program of the backward's δ and dk/dv-sum passes (memory-bound)
 PROGRAMS_PER_SM = 4              # backward: enough programs to even out the causal tiles' unequal work
 HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_per_program's choice
 # The split form: the keys past the band (j < i − W, plain causal attention) on SDPA's kernel, the band in the
@@ -80,33 +82,34 @@ class FlashRAMLA(torch.autograd.Function):
         HP, W, far_kernel = ctx.heads_per_program, ctx.window, ctx.far_kernel
         G = H // HP
         do = do.contiguous()
-        delta = (do.float() * o.float()).sum(-1)                                          # [H, B, T]
-        dq_far = delta                                                                    # a dummy pointer
+        delta = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
+        ramla_bwd_delta_kernel[(triton.cdiv(H * B * T, ROWS),)](o, do, delta, H * B * T, L=L, BR=ROWS)
+        dq_far = dk_far = dv_far = delta                                                  # dummy pointers
         if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
-            t_far = T - W - 1
             dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), *far_inputs(q, k, v, W),
                                                   far_rows(o, W), far_rows(lse, W), ctx.aux, ctx.scale)
+        # fp32 partial sums of dk and dv, one slot per head group and kernel (the dq kernel adds the band's
+        # row part of dk after the dk/dv kernel's slots); ramla_bwd_reduce_kernel sums them once
+        KS = 2 * G if ctx.band else G
         f32 = dict(device=q.device, dtype=torch.float32)
-        dk_col, dv = torch.empty(B, T, G, L, **f32), torch.empty(B, T, G, L, **f32)
-        dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_col
-        dk_row = torch.empty(B, T, G, L, **f32) if ctx.band else dk_col
+        dk_part, dv_part = torch.empty(B, T, KS, L, **f32), torch.empty(B, T, G, L, **f32)
+        dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_part
         dkv, dqt = TILES["dkv"], TILES["dq"]
         dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
         a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
-        meta = dict(H=H, HP=HP, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))
-        ramla_bwd_dkv_kernel[(triton.cdiv(T, dkv["BN"]), G, B)](q, k, v, do, lse, delta, a, dk_col, dv, dq_band,
-                                                                dalpha, ctx.scale, B, T, W, **meta, **dkv)
+        meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))
+        ramla_bwd_dkv_kernel[(G, B, triton.cdiv(T, dkv["BN"]))](q, k, v, do, lse, delta, a, dk_part, dv_part,
+                                                                dq_band, dalpha, ctx.scale, B, T, W, **meta, **dkv)
         dq = torch.empty_like(q)
-        ramla_bwd_dq_kernel[(triton.cdiv(T, dqt["BM"]), G, B)](q, k, v, do, lse, delta, a, dq_band, dq, dk_row,
+        ramla_bwd_dq_kernel[(G, B, triton.cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
                                                                ctx.scale, B, T, W, dq_far,
                                                                *far_strides(dq_far, far_kernel), **meta, **dqt)
-        dk = dk_col.sum(2) + dk_row.sum(2) if ctx.band else dk_col.sum(2)
-        dv = dv.sum(2)
-        if far_kernel:                                   # SDPA's per-head dk, dv of the keys 0 … T − W − 2
-            dk[:, :t_far] += dk_far.sum(1, dtype=torch.float32)
-            dv[:, :t_far] += dv_far.sum(1, dtype=torch.float32)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        ramla_bwd_reduce_kernel[(triton.cdiv(T, ROWS), B)](
+            dk_part, dv_part, dk_far, dv_far, dk, dv, T, T - W - 1, *far_strides(dk_far, far_kernel),
+            *far_strides(dv_far, far_kernel), KS=KS, VS=G, H=H, L=L, BT=ROWS, FAR=bool(far_kernel))
         da = dalpha.sum().reshape(alpha[0].shape).to(alpha[0]) if ctx.band else None
-        return dq, dk.to(k.dtype), dv.to(v.dtype), da, None, None, None
+        return dq, dk, dv, da, None, None, None
 
 
 def far_rows(x: torch.Tensor, W: int) -> torch.Tensor:
@@ -173,7 +176,10 @@ def far_kernel(q_lat: torch.Tensor) -> str | None:
 
     if FAR not in ("auto", "sdpa", "triton"):
         raise ValueError(f"ramla: FAR must be 'auto', 'sdpa' or 'triton', got {FAR!r}")
-    if FAR == "triton" or (FAR == "auto" and (q_lat.shape[2] < FAR_MIN_T or not far.supports(q_lat))):
+    # under torch.use_deterministic_algorithms 'auto' keeps every score in Triton: the split's SDPA backward is
+    # bitwise repeatable there only on FlashAttention-2, which is slower than all Triton on the H100
+    if FAR == "triton" or (FAR == "auto" and (q_lat.shape[2] < FAR_MIN_T or torch.are_deterministic_algorithms_enabled()
+                                              or not far.supports(q_lat))):
         return None
     if not far.supports(q_lat):
         raise BackendError(f"op 'ramla', backend 'fused': SDPA's far-field kernels take fp16 or bf16 on a GPU, "

@@ -67,6 +67,46 @@ def test_bitwise_repeatable_over_dirty_memory(op, backend, wide):
         assert torch.equal(a, b), f"{op}/{backend} output {i}: differs between two runs, max |Δ| {(a - b).abs().max()}"
 
 
+def run_ramla() -> list[torch.Tensor]:
+    """RA+MLA on `fused` at GPT-2 RA+MLA's layer (H12 D64 L64 W64, bf16) on a GPU; small and fp32 on the CPU."""
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    dt = torch.bfloat16 if GPU else torch.float32
+    B, T, H, D, L, W = (2, 2000, 12, 64, 64, 64) if GPU else (1, 45, 2, 16, 16, 8)
+
+    def r(*s, std=1.0):
+        return (torch.randn(*s, generator=g, device=DEVICE) * std).to(dt).requires_grad_()
+    xs = [r(B, T, H, D), r(B, T, L), r(B, T, L), r(H, D, L, std=D ** -0.5), r(H, L, D, std=L ** -0.5),
+          torch.tensor(0.5, device=DEVICE, requires_grad=True)]
+    out = get_op("ramla", "fused")(*xs, W)
+    torch.manual_seed(1)
+    out.backward(torch.randn_like(out))
+    if GPU:
+        torch.cuda.synchronize()
+    return [out.detach().clone()] + [x.grad.clone() for x in xs]
+
+
+@pytest.mark.parametrize("far", ["triton", "sdpa"])
+def test_ramla_bitwise_repeatable_over_dirty_memory(far, monkeypatch):
+    """Both forms of the fused RA+MLA op: all scores in the Triton kernels, and the split form whose far field
+    runs on SDPA's kernel. On a GPU the split runs under torch.use_deterministic_algorithms, which makes it take
+    FlashAttention-2 (far.choose): cuDNN's backward, its kernel otherwise, gave dq bits that differed by up to
+    4.9e-4 between two runs on the H100. On the CPU the split takes the CPU's flash kernel."""
+    monkeypatch.setattr("ops.ramla.fused.FAR", far)
+    was = torch.are_deterministic_algorithms_enabled()
+    if GPU and far == "sdpa":
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # cuBLAS's condition for deterministic mode
+        torch.use_deterministic_algorithms(True)
+    try:
+        first = run_ramla()
+        poison()
+        second = run_ramla()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert torch.isfinite(b).all(), f"ramla/fused ({far}) output {i}: NaN after the memory was poisoned"
+        assert torch.equal(a, b), f"ramla/fused ({far}) output {i}: two runs differ, max |Δ| {(a - b).abs().max()}"
+
+
 @pytest.mark.parametrize("n", [1000, 300_000, 3_000_000])
 def test_poison_reaches_fresh_buffers(n):
     """The negative control: after poison(), torch.empty hands back NaN-filled memory, so a kernel reading a

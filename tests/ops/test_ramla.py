@@ -208,6 +208,29 @@ def test_fused_auto_splits_long_sequences_only(monkeypatch):
     assert fused.far_kernel(short) is None and fused.far_kernel(long) == "cpu"
 
 
+def test_deterministic_mode_keeps_cudnn_out(monkeypatch):
+    """Under torch.use_deterministic_algorithms 'auto' stays all Triton at any length, a forced split takes
+    FlashAttention-2 (torch runs its backward deterministically then), and asking for cuDNN's backward, which
+    is not bitwise repeatable, is an error naming the remedy."""
+    from ops import BackendError
+    from ops.ramla import far, fused
+
+    class FakeHopperBf16:   # far_kernel and choose read only device, dtype and shape
+        device, dtype, shape = torch.device("cuda"), torch.bfloat16, (1, 1, fused.FAR_MIN_T, 16)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    q = FakeHopperBf16()
+    monkeypatch.setattr("ops.ramla.fused.FAR", "auto")
+    assert fused.far_kernel(q) == "cudnn"                     # the control: the same call splits on cuDNN
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert fused.far_kernel(q) is None
+    monkeypatch.setattr("ops.ramla.fused.FAR", "sdpa")
+    assert fused.far_kernel(q) == "flash"
+    with pytest.raises(BackendError, match="FAR_KERNEL = 'flash'"):
+        far.choose(q, "cudnn")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
 @pytest.mark.parametrize("far", ["sdpa", "triton"])
 @pytest.mark.parametrize("alpha", [0.5, None])
