@@ -200,7 +200,8 @@ def test_fused_split_refuses_fp32_on_gpu(monkeypatch):
 
 
 def test_fused_auto_splits_long_sequences_only(monkeypatch):
-    """'auto' keeps every score in Triton below FAR_MIN_T (where the split measured slower) and splits from it."""
+    """'auto' keeps every score in Triton below FAR_MIN_T (where the split saved too little to give up a
+    bitwise-repeatable backward) and splits from it."""
     from ops.ramla import fused
 
     monkeypatch.setattr("ops.ramla.fused.FAR", "auto")
