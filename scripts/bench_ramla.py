@@ -10,8 +10,10 @@ peak memory in the forward+backward (the peak above the inputs, which are alloca
 checked against naive in fp32 before timing wherever naive fits in memory, on fp32 inputs and on the
 timed bf16 ones; a row that runs out of memory says so. naive is the oracle: it computes in fp32 (no
 TF32) whatever its inputs, so its times and memory are those of an fp32 T×T implementation. `fused core` is
-the attention alone (from T = 4096 the split form: cuDNN and the band kernels) on precomputed q_lat (without the W_ql and
-W_vu GEMMs), at the backward's automatic head grouping and, with --heads-per-program, at others. Writes bench/results/<date>-<device>-ramla.{md,json,png}.
+the attention alone (from fused.FAR_MIN_T on the split form: cuDNN and the band kernels) on precomputed
+q_lat (without the W_ql and W_vu GEMMs), at the backward's automatic head grouping and, with
+--heads-per-program, at others. Every row but naive's is also timed as a replayed CUDA graph (the device time
+alone). Writes bench/results/<date>-<device>-ramla.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -274,8 +276,8 @@ def to_markdown(rows, env, command) -> str:
             cells = [f"{r[k]:.3f}" if k in r else "" for k in ("fwd_ms", "fwdbwd_ms", "graph_ms")]
             peak = f"{r['peak_gb']:.2f}" if ok else ""
             status = r["status"] + (f" (graph: {r['graph_error']})" if "graph_error" in r else "")
-            lines.append(f"| {B} | {T} | {r['variant']} | {cells[0]} | {cells[1]} | {cells[2]} | {vs_naive} | {vs_sdpa} "
-                         f"| {vs_graph} | {peak} | {r['check']} | {status} |")
+            lines.append(f"| {B} | {T} | {r['variant']} | {' | '.join(cells)} | {vs_naive} | {vs_sdpa} | {vs_graph} "
+                         f"| {peak} | {r['check']} | {status} |")
     return "\n".join(lines) + "\n"
 
 

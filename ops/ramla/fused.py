@@ -37,14 +37,16 @@ PROGRAMS_PER_SM = 4              # backward: enough programs to even out the cau
 HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_per_program's choice
 # The split form: the keys past the band (j < i − W, plain causal attention) on SDPA's kernel, the band in the
 # Triton kernels ('sdpa'); or every score in the Triton kernels ('triton'). 'auto' splits where SDPA has a kernel
-# that returns the log-sum-exp (far.supports: fp16/bf16 on a GPU, any dtype on the CPU) and T ≥ FAR_MIN_T. On the
-# H100 (bench/results/2026-11-25-h100-ramla-split.md) the split's core forward+backward took 0.79x the all-Triton
-# time at T = 4096 and 0.69x at 8192, but 1.67x at 2048: there it saves 7 % of the GPU time and its cuDNN calls
-# add more host time than that, so the step becomes host-bound. On GPUs before Hopper 'auto' takes FlashAttention-2
-# for the far field, which is unmeasured there (on the H100 it tied the all-Triton form at T = 8192).
+# that returns the log-sum-exp (far.supports: fp16/bf16 on a GPU, any dtype on the CPU), T ≥ FAR_MIN_T and
+# torch.use_deterministic_algorithms is off. On the H100 (bench/results/2026-11-25-h100-ramla-backward.md, device
+# time of a CUDA-graph replay) the split's core forward+backward took 0.83x the all-Triton time at T = 8192 and
+# tied it at 4096 (0.94x in another call); at 2048 the op took more device time split. The split's cuDNN backward
+# is not bitwise repeatable (the all-Triton form is), so 'auto' splits only where it saves a sixth or more: from
+# 8192. On GPUs before Hopper 'auto' takes FlashAttention-2 for the far field, which is unmeasured there (on the
+# H100 it was slower than the all-Triton form at T = 4096 and at 8192).
 FAR = "auto"
 FAR_KERNEL = "auto"              # SDPA's kernel for the far field: 'auto', 'cudnn' or 'flash' (far.choose)
-FAR_MIN_T = 4096
+FAR_MIN_T = 8192
 
 
 class FlashRAMLA(torch.autograd.Function):
