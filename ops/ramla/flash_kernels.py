@@ -124,7 +124,7 @@ def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, o_far, lse_far, sf
     lo = tl.maximum(i_m * BM - W, 0) // BN * BN
     hi = tl.minimum((i_m + 1) * BM, T)
     if FAR:
-        # SDPA's normalised result is the online softmax's state (acc, m, l) = (o_far, lse_far, 1); rows
+        # SDPA's normalised result is the online softmax's state (acc, m, l) = (o_far, lse_far·log2 e, 1); rows
         # t ≤ W have no keys outside the band and start empty; rows past T, which may see no key at all,
         # start from a finite m so that they stay NaN-free
         far = m_m & (o_m > W)
@@ -313,7 +313,7 @@ def _far_head_sum(x, i_b, o_t, m_t, o_l, sb, sh, st, H: tl.constexpr, L: tl.cons
     acc = tl.zeros([BT, L], dtype=tl.float32)
     base = x + i_b * sb + o_t[:, None].to(tl.int64) * st + o_l[None, :]
     for i_h in range(H):
-        acc += tl.load(base + i_h * sh, mask=m_t[:, None], other=0.0).to(tl.float32)
+        acc += tl.load(base + tl.cast(i_h, tl.int64) * sh, mask=m_t[:, None], other=0.0).to(tl.float32)
     return acc
 
 

@@ -42,8 +42,8 @@ HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_p
 # time of a CUDA-graph replay) the split's core forward+backward took 0.83x the all-Triton time at T = 8192 and
 # tied it at 4096 (0.94x in another call); at 2048 the op took more device time split. The split's cuDNN backward
 # is not bitwise repeatable (the all-Triton form is), so 'auto' splits only where it saves a sixth or more: from
-# 8192. On GPUs before Hopper 'auto' takes FlashAttention-2 for the far field, which is unmeasured there (on the
-# H100 it was slower than the all-Triton form at T = 4096 and at 8192).
+# 8192. On GPUs before Hopper 'auto' takes FlashAttention-2 for the far field (cuDNN's where SDPA's flash kernel
+# is disabled), which is unmeasured there (on the H100 it was slower than the all-Triton form at T = 4096 and 8192).
 FAR = "auto"
 FAR_KERNEL = "auto"              # SDPA's kernel for the far field: 'auto', 'cudnn' or 'flash' (far.choose)
 FAR_MIN_T = 8192

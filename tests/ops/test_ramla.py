@@ -230,6 +230,12 @@ def test_deterministic_mode_keeps_cudnn_out(monkeypatch):
     assert fused.far_kernel(q) == "flash"
     with pytest.raises(BackendError, match="FAR_KERNEL = 'flash'"):
         far.choose(q, "cudnn")
+    monkeypatch.setattr(torch.backends.cuda, "flash_sdp_enabled", lambda: False)   # then only cuDNN is left
+    with pytest.raises(BackendError, match="flash kernel enabled"):
+        far.choose(q, "auto")
+    monkeypatch.setattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: True)
+    with pytest.warns(UserWarning, match="not deterministic"):
+        assert far.choose(q, "cudnn") == "cudnn"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
