@@ -3,6 +3,7 @@ FlashAttention-2's kernel with the band in Triton): the host's time to enqueue a
 (a step is host-bound when the two agree), then torch.profiler's kernel table.
 
     python scripts/profile_ramla.py --seq-len 2048 > prof.log
+    python scripts/profile_ramla.py --seq-len 2048 --host    # and where the host's enqueue time goes (cProfile)
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--host", action="store_true",
+                   help="then cProfile the host side of the all-Triton core's and the RA+MLA layer's steps")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("profile_ramla.py profiles CUDA kernels; run it on a GPU")
@@ -61,6 +64,37 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70),
               flush=True)
+    if args.host:
+        from scripts.bench_ramla import variants
+
+        fused.FAR, fused.FAR_KERNEL = "triton", "auto"
+        layer, layer_leaves = variants(B, T, "cuda")["module: RA+MLA layer (fused)"]
+        host_profile("core, all Triton", lambda: torch.autograd.grad(
+            FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, None), leaves, do))
+        out = layer()
+        d_layer = torch.randn_like(out)
+        host_profile("RA+MLA layer, bf16 autocast", lambda: torch.autograd.grad(layer(), layer_leaves, d_layer))
+
+
+def host_profile(name: str, step, n: int = 50) -> None:
+    """Python's own time per function over n steps (cProfile; its per-call overhead inflates Python-heavy
+    paths, so read it for the ranking), after warm-up."""
+    import cProfile
+    import io
+    import pstats
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print(f"== host profile: {name}, {n} steps\n{text.getvalue()}", flush=True)
 
 
 if __name__ == "__main__":
