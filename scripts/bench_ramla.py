@@ -260,8 +260,8 @@ def to_markdown(rows, env, command) -> str:
              "replayed as a CUDA graph (do_bench_cudagraph: device time alone); peak = the attention's memory above "
              "its inputs during forward+backward.", "",
              "| B | T | variant | fwd ms | fwd+bwd ms | graph ms | naive ÷ this (fwd+bwd) "
-             "| ÷ SDPA (fwd+bwd; module rows: ÷ the MHA layer) | ÷ SDPA (graph; module rows: ÷ the MHA layer) | peak GB | check vs naive (fp32) "
-             "| status |",
+             "| ÷ SDPA (fwd+bwd; module rows: ÷ the MHA layer) | ÷ SDPA (graph; module rows: ÷ the MHA layer) "
+             "| peak GB | check vs naive (fp32) | status |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (B, T) in dict.fromkeys((r["B"], r["T"]) for r in rows):
         group = [r for r in rows if (r["B"], r["T"]) == (B, T)]

@@ -24,7 +24,7 @@ FORMS = (("triton", "auto"), ("sdpa", "cudnn"), ("sdpa", "flash"))
 def main(argv: list[str] | None = None) -> None:
     from ops.ramla import fused
     from ops.ramla.fused import FlashRAMLA, latent_queries
-    from scripts.bench_ramla import H, L, W, ramla_inputs
+    from scripts.bench_ramla import H, L, W, form, ramla_inputs, variants
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
@@ -40,40 +40,35 @@ def main(argv: list[str] | None = None) -> None:
     q_lat = latent_queries(q, w_ql).detach().requires_grad_()
     leaves = [q_lat, k, v, alpha]
     do = torch.randn(H, B, T, L, device="cuda", dtype=torch.bfloat16)
+    def step():
+        o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, fused.far_kernel(q_lat))
+        torch.autograd.grad(o, leaves, do)
+
     for far, kernel in FORMS:
-        fused.FAR, fused.FAR_KERNEL = far, kernel
-
-        def step():
-            o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, fused.far_kernel(q_lat))
-            torch.autograd.grad(o, leaves, do)
-
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        print(f"== {far} {kernel}: host {1e3 * (t1 - t0) / args.steps:.3f} ms/step enqueue, "
-              f"{1e3 * (t2 - t0) / args.steps:.3f} ms/step wall", flush=True)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with form(far, kernel):
             for _ in range(5):
                 step()
             torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            print(f"== {far} {kernel}: host {1e3 * (t1 - t0) / args.steps:.3f} ms/step enqueue, "
+                  f"{1e3 * (t2 - t0) / args.steps:.3f} ms/step wall", flush=True)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    step()
+                torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70),
               flush=True)
     if args.host:
-        from scripts.bench_ramla import variants
-
-        fused.FAR, fused.FAR_KERNEL = "triton", "auto"
-        layer, layer_leaves = variants(B, T, "cuda")["module: RA+MLA layer (fused)"]
-        host_profile("core, all Triton", lambda: torch.autograd.grad(
-            FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, None), leaves, do))
-        out = layer()
-        d_layer = torch.randn_like(out)
-        host_profile("RA+MLA layer, bf16 autocast", lambda: torch.autograd.grad(layer(), layer_leaves, d_layer))
+        with form("triton"):
+            layer, layer_leaves = variants(B, T, "cuda")["module: RA+MLA layer (fused)"]
+            host_profile("core, all Triton", step)
+            d_layer = torch.randn_like(layer())
+            host_profile("RA+MLA layer, bf16 autocast", lambda: torch.autograd.grad(layer(), layer_leaves, d_layer))
 
 
 def host_profile(name: str, step, n: int = 50) -> None:

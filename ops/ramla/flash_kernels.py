@@ -61,6 +61,14 @@ def _keep(d, W, FAR: tl.constexpr):
 
 
 @triton.jit
+def _far_rows(o_m, m_m, W):
+    """Where query rows o_m sit in SDPA's far-field tensors: row t ≥ W + 1 is far row t − W − 1 (int64: those
+    tensors' offsets can pass 2³¹); `far` masks the rows that have one."""
+    far = m_m & (o_m > W)
+    return far, tl.where(far, o_m - W - 1, 0).to(tl.int64)
+
+
+@triton.jit
 def _scores(b_q, b_kq, a, k, v, q, i_b, i_q, o_m, o_n, o_l, qk, T, W, L: tl.constexpr, MASKED: tl.constexpr,
             BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """Scores of query rows o_m against key rows o_n [BM, BN] (the forward's and the dq kernel's
@@ -127,8 +135,7 @@ def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, o_far, lse_far, sf
         # SDPA's normalised result is the online softmax's state (acc, m, l) = (o_far, lse_far·log2 e, 1); rows
         # t ≤ W have no keys outside the band and start empty; rows past T, which may see no key at all,
         # start from a finite m so that they stay NaN-free
-        far = m_m & (o_m > W)
-        t_f = tl.where(far, o_m - W - 1, 0).to(tl.int64)      # int64: the far tensors' offsets can pass 2³¹
+        far, t_f = _far_rows(o_m, m_m, W)
         m_i = tl.load(lse_far + i_b * slb + tl.cast(i_h, tl.int64) * slh + t_f * slt, mask=far, other=float("-inf"))
         m_i = tl.where(m_m, m_i * LOG2E, 0.0)
         l_i = tl.where(far | ~m_m, 1.0, 0.0)
@@ -284,8 +291,7 @@ def ramla_bwd_dq_kernel(q, k, v, do, lse, delta, alpha, dq_band, dq, dk, scale, 
         if BAND:
             b_dq += tl.load(dq_band + p_dq, mask=m_m[:, None], other=0.0)
         if FAR:
-            far = m_m & (o_m > W)
-            t_f = tl.where(far, o_m - W - 1, 0).to(tl.int64)
+            far, t_f = _far_rows(o_m, m_m, W)
             p_far = dq_far + i_b * sfb + tl.cast(i_h, tl.int64) * sfh + t_f[:, None] * sft + o_l[None, :]
             b_dq += tl.load(p_far, mask=far[:, None], other=0.0).to(tl.float32)
         tl.store(dq + p_dq, b_dq.to(dq.dtype.element_ty), mask=m_m[:, None])
