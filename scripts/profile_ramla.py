@@ -1,6 +1,7 @@
-"""Where the fused RA+MLA core's forward+backward spends its time, per form (all Triton; far field on cuDNN's or
-FlashAttention-2's kernel with the band in Triton): the host's time to enqueue a step beside the step's wall time
-(a step is host-bound when the two agree), then torch.profiler's kernel table.
+"""Where the fused RA+MLA core's forward+backward spends its time, per form (all Triton, with dq from its own
+kernel or by atomic adds; far field on cuDNN's or FlashAttention-2's kernel with the band in Triton): the host's
+time to enqueue a step beside the step's wall time (a step is host-bound when the two agree), then
+torch.profiler's kernel table.
 
     python scripts/profile_ramla.py --seq-len 2048 > prof.log
     python scripts/profile_ramla.py --seq-len 2048 --host    # and where the host's enqueue time goes (cProfile)
@@ -18,7 +19,8 @@ if __package__ in (None, ""):
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-FORMS = (("triton", "auto"), ("sdpa", "cudnn"), ("sdpa", "flash"))
+FORMS = (("triton", "auto", "kernel"), ("triton", "auto", "atomic"), ("sdpa", "cudnn", "kernel"),
+         ("sdpa", "flash", "kernel"))   # FAR, FAR_KERNEL, DQ
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,8 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         o = FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, fused.far_kernel(q_lat))
         torch.autograd.grad(o, leaves, do)
 
-    for far, kernel in FORMS:
-        with form(far, kernel):
+    for far, kernel, dq in FORMS:
+        with form(far, kernel, dq=dq):
             for _ in range(5):
                 step()
             torch.cuda.synchronize()
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             t1 = time.perf_counter()
             torch.cuda.synchronize()
             t2 = time.perf_counter()
-            print(f"== {far} {kernel}: host {1e3 * (t1 - t0) / args.steps:.3f} ms/step enqueue, "
+            print(f"== {far} {kernel} dq={dq}: host {1e3 * (t1 - t0) / args.steps:.3f} ms/step enqueue, "
                   f"{1e3 * (t2 - t0) / args.steps:.3f} ms/step wall", flush=True)
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
