@@ -4,7 +4,7 @@ the plain GPT-2's attention (SDPA, 12 heads of 64) at the same shape, side by si
     python scripts/bench_ramla.py                       # GPT-2 124M: B8 H12 D64 L64 W64, T = 2048, 4096, 8192
     python scripts/bench_ramla.py --seq-lens 2048 --batch 8
     python scripts/bench_ramla.py --sweep                 # first each kernel's tile candidates (SWEEP)
-    python scripts/bench_ramla.py --sweep atomic          # only the atomic-dq backward's dk/dv kernel
+    python scripts/bench_ramla.py --sweep dkv,dq          # only the backward kernels' candidates
 
 Each row: forward and forward+backward medians (triton.testing.do_bench), and the attention's own
 peak memory in the forward+backward (the peak above the inputs, which are allocated first). fused is
@@ -34,6 +34,9 @@ import torch
 H, D, L, W = 12, 64, 64, 64     # gpt2_ramla_124m
 NAIVE = "naive (fp32 inside)"   # the oracle upcasts to fp32 (no TF32): T×T scores in fp32 whatever the inputs
 MHA_LAYER = "module: GPT-2 MHA layer (SDPA)"
+# SDPA timed under torch.use_deterministic_algorithms, the like-for-like peer of the fused core's bitwise-repeatable
+# backward (SDPA's default cuDNN backward is not repeatable; torch then takes another kernel, or makes it repeat)
+SDPA_DETERMINISTIC = "sdpa (GPT-2 MHA), deterministic mode"
 
 
 def ramla_inputs(B, T, device, dtype=torch.bfloat16):
@@ -47,17 +50,16 @@ def ramla_inputs(B, T, device, dtype=torch.bfloat16):
 
 
 @contextmanager
-def form(far: str = "auto", kernel: str = "auto", hp: int | None = None, dq: str = "auto"):
-    """The fused op's form for the block: ops.ramla.fused's FAR, FAR_KERNEL, HEADS_PER_PROGRAM and DQ, restored
-    after."""
+def form(far: str = "auto", kernel: str = "auto", hp: int | None = None):
+    """The fused op's form for the block: ops.ramla.fused's FAR, FAR_KERNEL and HEADS_PER_PROGRAM, restored after."""
     from ops.ramla import fused
 
-    saved = fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM, fused.DQ
-    fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM, fused.DQ = far, kernel, hp, dq
+    saved = fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM
+    fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = far, kernel, hp
     try:
         yield
     finally:
-        fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM, fused.DQ = saved
+        fused.FAR, fused.FAR_KERNEL, fused.HEADS_PER_PROGRAM = saved
 
 
 def variants(B, T, device, heads_per_program=()):
@@ -71,9 +73,9 @@ def variants(B, T, device, heads_per_program=()):
     from ops.ramla import fused, naive
     from ops.ramla.fused import FlashRAMLA, latent_queries
 
-    def pinned(fn, far="auto", kernel="auto", hp=None, dq="auto"):
+    def pinned(fn, far="auto", kernel="auto", hp=None):
         def call():
-            with form(far, kernel, hp, dq):  # the backward reads the form the forward saved: the forward suffices
+            with form(far, kernel, hp):  # the backward reads the form the forward saved, so the forward suffices
                 return fn()
         return call
 
@@ -104,13 +106,11 @@ def variants(B, T, device, heads_per_program=()):
         "fused, split flash": (pinned(op, "sdpa", "flash"), x),
         "fused core": (core, [q_lat, k, v, alpha]),
         "fused core, all Triton": (pinned(core, "triton"), [q_lat, k, v, alpha]),
-        "fused core, atomic dq": (pinned(core, dq="atomic"), [q_lat, k, v, alpha]),
-        "fused core, all Triton, atomic dq": (pinned(core, "triton", dq="atomic"), [q_lat, k, v, alpha]),
-        "fused, atomic dq": (pinned(op, dq="atomic"), x),
         "sdpa (GPT-2 MHA)": (lambda: torch.nn.functional.scaled_dot_product_attention(
             *(t.transpose(1, 2) for t in mha), is_causal=True), mha),
+        SDPA_DETERMINISTIC: (lambda: torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(1, 2) for t in mha), is_causal=True), mha),
         "module: RA+MLA layer (fused)": module("ramla"),
-        "module: RA+MLA layer (fused, atomic dq)": (lambda m: (pinned(m[0], dq="atomic"), m[1]))(module("ramla")),
         MHA_LAYER: module("mha"),
         **{f"fused core, all Triton, {hp} heads/program": (pinned(core, "triton", hp=hp), [q_lat, k, v, alpha])
            for hp in heads_per_program},
@@ -149,10 +149,10 @@ def measure(fn, leaves, graph: bool = True) -> dict:
     return row
 
 
-def check(B, T, device, far="auto", dq="auto") -> str:
+def check(B, T, device, far="auto") -> str:
     """Largest relative error of fused's output and gradients against naive in fp32: fused on fp32 inputs
     (the exact-dot kernels, all Triton: SDPA's GPU kernels are half precision) and on bf16 ones (the timed
-    kernels, in the form `far`), both with the backward `dq`. A NaN shows as nan."""
+    kernels, in the form `far`). A NaN shows as nan."""
     from ops.ramla import fused, naive
 
     x = [t.detach().float().requires_grad_() for t in ramla_inputs(B, T, device)]
@@ -162,7 +162,7 @@ def check(B, T, device, far="auto", dq="auto") -> str:
     ref = [out, *torch.autograd.grad(out, x, do)]
     errs = []
     for dtype in (torch.float32, torch.bfloat16):
-        with form(far if dtype == torch.bfloat16 else "triton", dq=dq):
+        with form(far if dtype == torch.bfloat16 else "triton"):
             xs = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(x)]
             out = fused.ramla(*xs[:5], xs[5], W)
             got = [out, *torch.autograd.grad(out, xs, do.to(out.dtype))]
@@ -173,21 +173,24 @@ def check(B, T, device, far="auto", dq="auto") -> str:
 
 def run(B, T, device, heads_per_program=()) -> list[dict]:
     rows, errs = [], {}
-    for name, far, dq in (("fused", "auto", "auto"), ("fused, all Triton", "triton", "auto"),
-                          ("fused, atomic dq", "auto", "atomic")):
+    for name, far in (("fused", "auto"), ("fused, all Triton", "triton")):
         try:
-            errs[name] = check(B, T, device, far, dq)
+            errs[name] = check(B, T, device, far)
         except torch.OutOfMemoryError:
             errs[name] = "naive OOM"
         torch.cuda.empty_cache()
     for name, (fn, leaves) in variants(B, T, device, heads_per_program).items():
         row = {"B": B, "T": T, "variant": name, "check": errs.get(name, "")}
+        was = torch.are_deterministic_algorithms_enabled()
         try:
+            torch.use_deterministic_algorithms(was or name == SDPA_DETERMINISTIC)
             row.update(measure(fn, leaves, graph=name != NAIVE))     # naive: 8-33 GB of scores per call
         except torch.OutOfMemoryError:
             row["status"] = "OOM"
         except RuntimeError as e:    # e.g. an SDPA kernel this GPU lacks: reported in the row, not fatal
             row["status"] = f"error: {str(e)[:100]}"
+        finally:
+            torch.use_deterministic_algorithms(was)
         torch.cuda.empty_cache()
         rows.append(row)
         print(row, flush=True)
@@ -196,17 +199,14 @@ def run(B, T, device, heads_per_program=()) -> list[dict]:
 
 SWEEP = {"fwd": [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 3), (128, 32, 4, 2), (64, 32, 4, 3)],
          "dkv": [(64, 64, 4, 2), (64, 64, 4, 3), (32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2)],
-         "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2)],
-         "atomic": [(64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 2), (32, 128, 8, 2),
-                    (128, 128, 8, 2), (32, 64, 4, 2)]}
+         "dq": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2), (128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 8, 2)]}
 
 
 def sweep(B, T, device, kernels=tuple(SWEEP)) -> list[dict]:
     """Each kernel's tiles and launch (BM, BN, warps, stages) with the other two at their defaults, in the
     all-Triton form (every score in the kernels):
-    the core's forward time for `fwd`, forward+backward for the backward kernels (`atomic`: the dk/dv kernel of
-    the atomic-dq backward, timed in that form); every candidate's output and gradients checked against the
-    defaults' first (relative error ≤ 1e-2)."""
+    the core's forward time for `fwd`, forward+backward for the backward kernels; every candidate's
+    output and gradients checked against the defaults' first (relative error ≤ 1e-2)."""
     from triton.testing import do_bench
 
     from ops.ramla import fused
@@ -227,7 +227,6 @@ def sweep(B, T, device, kernels=tuple(SWEEP)) -> list[dict]:
         raise SystemExit(f"--sweep: no such kernel {sorted(unknown)}; choose among {', '.join(SWEEP)}")
     for kernel in kernels:
         for bm, bn, warps, stages in SWEEP[kernel]:
-            fused.DQ = "atomic" if kernel == "atomic" else "kernel"
             fused.TILES[kernel] = dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
             row = {"kernel": kernel, "BM": bm, "BN": bn, "warps": warps, "stages": stages}
             try:
@@ -249,7 +248,6 @@ def sweep(B, T, device, kernels=tuple(SWEEP)) -> list[dict]:
             except Exception as e:   # a configuration that fails to compile or launch is reported, not fatal
                 row["status"] = f"error: {type(e).__name__}: {str(e)[:80]}"
             fused.TILES.update(default)
-            fused.DQ = "auto"
             rows.append(row)
             print(row, flush=True)
     return rows
@@ -325,8 +323,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-lens", default="2048,4096,8192")
     p.add_argument("--heads-per-program", default="",
-                   help="also time the core with these backward head groups, e.g. 1,3,12 (default: the auto "
-                        "choice only)")
+                   help="also time the core with these backward head groups, e.g. 1,3,12 (default: the auto choice only)")
     p.add_argument("--sweep", nargs="?", const=",".join(SWEEP), default="",
                    help=f"first time other tiles for these kernels (default: all of {','.join(SWEEP)}) at B, "
                         "the first T")

@@ -1,14 +1,12 @@
 """The RA+MLA backward's memory-bound passes around the flash kernels (ops/ramla/flash_kernels.py): δ before
-them, and after them the sums that turn the kernels' fp32 partials into dq, dk and dv in the input dtype, each
-in one pass with one rounding. As torch ops the same glue took 0.22 of the backward's 1.0 ms at GPT-2's
+them, and after them the sum that turns the kernels' fp32 partials of dk and dv into the input dtype in one
+pass with one rounding. As torch ops the same glue took 0.22 of the backward's 1.0 ms at GPT-2's
 B8 T2048 H12 L64 on the H100 (bench/results/2026-11-25-h100-ramla-backward.md); these passes take 0.04.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-from ops.ramla.flash_kernels import _far_rows
 
 
 @triton.jit
@@ -59,20 +57,3 @@ def ramla_bwd_reduce_kernel(dk_part, dv_part, dk_far, dv_far, dk, dv, T, T_far, 
     tl.store(dk + row + o_l[None, :], b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
     tl.store(dv + row + o_l[None, :], b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
 
-
-@triton.jit
-def ramla_bwd_dq_finalize_kernel(dq_acc, dq_far, dq, NB, T, W, sfb, sfh, sft, L: tl.constexpr, BT: tl.constexpr,
-                                 FAR: tl.constexpr):
-    """The atomic backward's dq [H, B, T, L] (input dtype) = its fp32 sum dq_acc [H, B, T, L], plus with FAR
-    SDPA's dq_far [B, H, T − W − 1, L] at row t − W − 1 (strides sf*; already rounded to the input dtype)."""
-    i_t, i_b, i_h = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < T
-    o_l = tl.arange(0, L)
-    p = ((i_h * NB + i_b) * T + o_t[:, None]) * L + o_l[None, :]
-    b_dq = tl.load(dq_acc + p, mask=m_t[:, None], other=0.0)
-    if FAR:
-        far, t_f = _far_rows(o_t, m_t, W)
-        p_far = dq_far + i_b * sfb + tl.cast(i_h, tl.int64) * sfh + t_f[:, None] * sft + o_l[None, :]
-        b_dq += tl.load(p_far, mask=far[:, None], other=0.0).to(tl.float32)
-    tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None])

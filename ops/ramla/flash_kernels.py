@@ -16,18 +16,18 @@ flash-attention tutorial does).
 Backward (FlashAttention-2: recompute p from lse, ds = p ⊙ (dp − δ), δ_i = do_i·o_i):
     dv_j = Σ_h Σ_i p_ij do_i        dk_j += scale Σ_h Σ_i ds_ij q_i      (`ramla_bwd_dkv_kernel`, per key block)
     dq_j += α scale Σ_i [band] ds_ij k_i     dα = scale Σ [band] ds_ij q_j·k_i   (same kernel: column sums)
-    dq_i += scale Σ_j ds_ij k_j     dk_i += α scale Σ_h Σ_j [band] ds_ij q_j     (`ramla_bwd_dq_kernel`, per q block)
+    dq_i += scale Σ_j ds_ij k_j     dk_i += α scale Σ_h Σ_j [band] ds_ij q_j     (`ramla_bwd_dq_kernel`, per query block)
 Each kernel owns its rows, so there are no atomics: the dq kernel runs second and adds the dk/dv kernel's column
-sums (dq_band) to its row sums. That recomputes the scores and dp once more, 7 tile GEMMs against 5; the atomic
-form (ATOMIC, ops/ramla/fused.py's DQ) drops the dq kernel and has the dk/dv kernel add each tile's dq into an fp32
-sum by atomic adds, as FlashAttention-2 does, which is not bitwise repeatable (their order varies). The memory-
-bound passes around these kernels are in ops/ramla/bwd_passes.py. k and v are shared by all heads, so a backward
-program takes a group of HP heads and sums their dk and dv on chip; `ramla_bwd_reduce_kernel` adds the groups'
-partial sums (H / HP of them) in one pass. HP trades that summing against parallelism: all heads in one program
-leave only B·T/64 programs (256 at GPT-2's B8 T2048, under two per SM, the causal ones uneven). The causal
-programs' work differs up to T/64-fold, so the backward grids put the block index slowest and launch the longest
-blocks first; launched block-fastest, the longest programs started late and ran alone at the end (−58 µs of the
-dk/dv kernel's 426 and −40 of the dq kernel's 279 at B8 T2048 H12 on the H100).
+sums (dq_band) to its row sums. That recomputes the scores and dp once more (7 tile GEMMs against
+FlashAttention-2's 5), yet the one-kernel form with dq summed by fp32 atomic adds measured slower on the H100 at
+every tile tried (bench/results/2026-11-25-h100-ramla-atomic-dq.md) and was removed. The memory-bound passes around
+these kernels are in ops/ramla/bwd_passes.py. k and v are shared by all heads, so a backward program takes a group
+of HP heads and sums their dk and dv on chip; `ramla_bwd_reduce_kernel` adds the groups' partial sums (H / HP of
+them) in one pass. HP trades that summing against parallelism: all heads in one program leave only B·T/64 programs
+(256 at GPT-2's B8 T2048, under two per SM, the causal ones uneven). The causal programs' work differs up to
+T/64-fold, so the backward grids put the block index slowest and launch the longest blocks first; launched block-
+fastest, the longest programs started late and ran alone at the end (−58 µs of the dk/dv kernel's 426 and −40 of
+the dq kernel's 279 at B8 T2048 H12 on the H100).
 
 FAR (the split form, ops/ramla/fused.py): the keys j < i − W carry no band term, so their part of the
 attention is plain causal attention shifted by W + 1, which SDPA's kernels compute (o_far, lse_far). The
@@ -159,15 +159,11 @@ def ramla_fwd_kernel(q, k, v, o, lse, alpha, scale, NB, T, W, o_far, lse_far, sf
 
 
 @triton.jit
-def _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta, dq_acc, dk_rows, i_b, i_q, o_n,
-               o_l, qk, scale, T, W, lo, hi, L: tl.constexpr, BM: tl.constexpr, KS: tl.constexpr,
-               MASKED: tl.constexpr, BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr,
-               ATOMIC: tl.constexpr):
+def _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta, i_b, i_q, o_n, o_l, qk, T, W,
+               lo, hi, L: tl.constexpr, BM: tl.constexpr, MASKED: tl.constexpr,
+               BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """One head's query blocks in [lo, hi) against key block o_n, scores transposed (keys on rows).
-    Rows past T load as zeros (q, do, lse, δ), which makes their p·do and ds exactly 0. ATOMIC: also the
-    query rows' dq (into dq_acc) and, with the band, their row part of dk (into slot KS − 1 of dk_rows), by
-    fp32 atomic adds, each formed as its transpose so that dsᵀ enters tl.dot as it stands: tl.trans of a dot
-    result fed into tl.dot is what Triton < 3.7.1 miscompiles on Hopper."""
+    Rows past T load as zeros (q, do, lse, δ), which makes their p·do and ds exactly 0."""
     for start in range(lo, hi, BM):
         o_m = start + tl.arange(0, BM)
         m_m = o_m < T
@@ -188,33 +184,22 @@ def _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
         dpt = tl.dot(b_v, tl.trans(b_do), input_precision=PREC)
         dst = pt * (dpt - b_delta[None, :])
         b_dk += tl.dot(dst.to(b_q.dtype), b_q, input_precision=PREC)
-        if ATOMIC:   # dqᵀ = scale kᵀ dsᵀ [L, BM]
-            dqt = tl.dot(tl.trans(b_k), dst.to(b_k.dtype), input_precision=PREC) * scale
-            tl.atomic_add(dq_acc + (i_q * T + o_m[None, :]) * L + o_l[:, None], dqt, mask=m_m[None, :],
-                          sem="relaxed")
         if MASKED:
             if BAND:
                 dsb = tl.where(_in_band(d, W), dst, 0.0)
                 b_dqb += tl.dot(dsb.to(b_kq.dtype), b_kq, input_precision=PREC)
                 b_da += tl.sum(dsb * stb, 1)
-                if ATOMIC:   # the band's row part of dk, Σ_j ds_ij q_j, transposed: q_nᵀ dsbᵀ [L, BM]
-                    dkt = tl.dot(tl.trans(b_qn), dsb.to(b_qn.dtype), input_precision=PREC) * (a * scale)
-                    tl.atomic_add(dk_rows + ((i_b * T + o_m[None, :]) * KS + KS - 1) * L + o_l[:, None], dkt,
-                                  mask=m_m[None, :], sem="relaxed")
     return b_dk, b_dv, b_dqb, b_da
 
 
 @triton.jit
-def ramla_bwd_dkv_kernel(q, k, v, do, lse, delta, alpha, dk, dv, dq_band, dq_acc, dalpha, scale, NB, T, W,
+def ramla_bwd_dkv_kernel(q, k, v, do, lse, delta, alpha, dk, dv, dq_band, dalpha, scale, NB, T, W,
                          H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, L: tl.constexpr, BM: tl.constexpr,
-                         BN: tl.constexpr, BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr,
-                         ATOMIC: tl.constexpr):
+                         BN: tl.constexpr, BAND: tl.constexpr, PREC: tl.constexpr, FAR: tl.constexpr):
     """Per key block and group of HP heads: dk's column part (scale Σ ds q) and dv, summed over the
     group's heads on chip (dk: [B, T, KS, L], dv: [B, T, H / HP, L], fp32, slot i_g for group i_g);
     with the band also dq_band [H, B, T, L] and one partial of dα per program (dalpha:
-    [B, cdiv(T, BN), H / HP]). ATOMIC (the one-kernel backward, no dq kernel): dq, the band's part included,
-    is added into dq_acc [H, B, T, L] (fp32, zeroed) and dk's band row part into dk's slot KS − 1 (zeroed)
-    instead; dq_band is unused."""
+    [B, cdiv(T, BN), H / HP])."""
     # key blocks vary slowest across programs and the first (longest: every later query block) start first
     i_g, i_b, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     o_n = i_n * BN + tl.arange(0, BN)
@@ -236,18 +221,14 @@ def ramla_bwd_dkv_kernel(q, k, v, do, lse, delta, alpha, dk, dv, dq_band, dq_acc
         b_dqb = tl.zeros([BN, L], dtype=tl.float32)
         b_qn = _rows(q, i_q, o_n, m_n, o_l, T, L) if BAND else b_k
         b_dk, b_dv, b_dqb, b_da = _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
-                                             dq_acc, dk, i_b, i_q, o_n, o_l, qk, scale, T, W, first, hi, L, BM, KS,
-                                             True, BAND, PREC, FAR, ATOMIC)
+                                             i_b, i_q, o_n, o_l, qk, T, W, first, hi, L, BM, True, BAND, PREC, FAR)
         if not FAR:
             b_dk, b_dv, b_dqb, b_da = _dkv_inner(b_dk, b_dv, b_dqb, b_da, b_k, b_v, b_qn, a, q, k, do, lse, delta,
-                                                 dq_acc, dk, i_b, i_q, o_n, o_l, qk, scale, T, W, hi, T, L, BM, KS,
-                                                 False, BAND, PREC, FAR, ATOMIC)
+                                                 i_b, i_q, o_n, o_l, qk, T, W, hi, T, L, BM, False, BAND, PREC,
+                                                 FAR)
         if BAND:
-            p_dqb = (i_q * T + o_n[:, None]) * L + o_l[None, :]
-            if ATOMIC:
-                tl.atomic_add(dq_acc + p_dqb, b_dqb * (a * scale), mask=m_n[:, None], sem="relaxed")
-            else:
-                tl.store(dq_band + p_dqb, b_dqb * (a * scale), mask=m_n[:, None])
+            tl.store(dq_band + (i_q * T + o_n[:, None]) * L + o_l[None, :], b_dqb * (a * scale),
+                     mask=m_n[:, None])
     row = i_b * T + o_n[:, None]
     tl.store(dk + (row * KS + i_g) * L + o_l[None, :], b_dk * scale, mask=m_n[:, None])
     tl.store(dv + (row * (H // HP) + i_g) * L + o_l[None, :], b_dv, mask=m_n[:, None])

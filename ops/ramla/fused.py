@@ -14,7 +14,6 @@ the two maps take 0.20 of the op's 1.45 ms forward+backward at B8 T2048 H12 D64 
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -24,7 +23,7 @@ from ops.common.chunk import check_triton_device as check_available  # noqa: F40
 from ops.common.chunk_h import _sm_count
 from ops.common.tiles import dot_precision
 from ops.ramla import far
-from ops.ramla.bwd_passes import ramla_bwd_delta_kernel, ramla_bwd_dq_finalize_kernel, ramla_bwd_reduce_kernel
+from ops.ramla.bwd_passes import ramla_bwd_delta_kernel, ramla_bwd_reduce_kernel
 from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
 
 COMPONENTS = ()                  # the whole op is one fused component; `--fuse` has nothing to choose here
@@ -32,8 +31,7 @@ LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot'
 # query rows × key rows per tile, and the launch, per kernel; scripts/bench_ramla.py --sweep times others
 TILES = {"fwd": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dkv": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-         "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2),
-         "atomic": dict(BM=64, BN=64, num_warps=4, num_stages=2)}   # the dk/dv kernel in the atomic form
+         "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2)}
 ROWS = 64                        # rows per program of the backward's δ and dk/dv-sum passes (memory-bound)
 PROGRAMS_PER_SM = 4              # backward: enough programs to even out the causal tiles' unequal work
 HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_per_program's choice
@@ -49,10 +47,6 @@ HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_p
 FAR = "auto"
 FAR_KERNEL = "auto"              # SDPA's kernel for the far field: 'auto', 'cudnn' or 'flash' (far.choose)
 FAR_MIN_T = 8192
-# The backward's dq: 'kernel' (a second kernel per query block; bitwise repeatable) or 'atomic' (the dk/dv kernel
-# adds every tile's dq into an fp32 sum by atomic adds: two tile GEMMs fewer, not repeatable). 'auto' is
-# 'kernel': see dq_mode.
-DQ = "auto"
 
 
 class FlashRAMLA(torch.autograd.Function):
@@ -80,7 +74,6 @@ class FlashRAMLA(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse, *([alpha] if band else []))
         ctx.window, ctx.scale, ctx.band, ctx.far_kernel, ctx.aux = W, scale, band, far_kernel, aux
         ctx.heads_per_program = heads_per_program(B, T, H, q.device)   # chosen now: overrides hold for the call
-        ctx.atomic = dq_mode() == "atomic"
         return o
 
     @staticmethod
@@ -97,32 +90,22 @@ class FlashRAMLA(torch.autograd.Function):
         if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
             dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), *far_inputs(q, k, v, W),
                                                   far_rows(o, W), far_rows(lse, W), ctx.aux, ctx.scale)
-        # fp32 partial sums of dk and dv, one slot per head group and kernel (with the band, the row part of dk
-        # follows the dk/dv kernel's slots: the dq kernel's per group, or the atomic form's one sum);
-        # ramla_bwd_reduce_kernel sums them once
-        atomic = ctx.atomic
-        KS = G + (0 if not ctx.band else 1 if atomic else G)
+        # fp32 partial sums of dk and dv, one slot per head group and kernel (the dq kernel adds the band's
+        # row part of dk after the dk/dv kernel's slots); ramla_bwd_reduce_kernel sums them once
+        KS = 2 * G if ctx.band else G
         f32 = dict(device=q.device, dtype=torch.float32)
         dk_part, dv_part = torch.empty(B, T, KS, L, **f32), torch.empty(B, T, G, L, **f32)
-        if atomic and ctx.band:
-            dk_part[:, :, G].zero_()
-        dq_band = torch.empty(H, B, T, L, **f32) if ctx.band and not atomic else dk_part
-        dq_acc = torch.zeros(H, B, T, L, **f32) if atomic else dk_part
-        dkv, dqt = TILES["atomic" if atomic else "dkv"], TILES["dq"]
+        dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_part
+        dkv, dqt = TILES["dkv"], TILES["dq"]
         dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
         a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
         meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))
         ramla_bwd_dkv_kernel[(G, B, triton.cdiv(T, dkv["BN"]))](q, k, v, do, lse, delta, a, dk_part, dv_part,
-                                                                dq_band, dq_acc, dalpha, ctx.scale, B, T, W,
-                                                                ATOMIC=atomic, **meta, **dkv)
+                                                                dq_band, dalpha, ctx.scale, B, T, W, **meta, **dkv)
         dq = torch.empty_like(q)
-        if atomic:
-            ramla_bwd_dq_finalize_kernel[(triton.cdiv(T, ROWS), B, H)](
-                dq_acc, dq_far, dq, B, T, W, *far_strides(dq_far, far_kernel), L=L, BT=ROWS, FAR=bool(far_kernel))
-        else:
-            ramla_bwd_dq_kernel[(G, B, triton.cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
-                                                                   ctx.scale, B, T, W, dq_far,
-                                                                   *far_strides(dq_far, far_kernel), **meta, **dqt)
+        ramla_bwd_dq_kernel[(G, B, triton.cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
+                                                               ctx.scale, B, T, W, dq_far,
+                                                               *far_strides(dq_far, far_kernel), **meta, **dqt)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         ramla_bwd_reduce_kernel[(triton.cdiv(T, ROWS), B)](
             dk_part, dv_part, dk_far, dv_far, dk, dv, T, T - W - 1, *far_strides(dk_far, far_kernel),
@@ -152,23 +135,6 @@ def far_strides(x: torch.Tensor, far_kernel: str | None) -> tuple[int, int, int]
         raise RuntimeError(f"ramla: SDPA's far-field tensor has strides {x.stride()}; the kernels need the "
                            "last dim contiguous")
     return x.stride(0), x.stride(1), x.stride(2)
-
-
-def dq_mode() -> str:
-    """DQ's choice for this call: 'kernel' or 'atomic'. 'auto' is 'kernel', the bitwise-repeatable backward this
-    repository's parity runs rely on. 'atomic' under torch.use_deterministic_algorithms is an error naming the
-    remedy (a warning in its warn-only mode), as torch's own nondeterministic kernels are."""
-    from ops import BackendError
-
-    if DQ not in ("auto", "kernel", "atomic"):
-        raise ValueError(f"ramla: DQ must be 'auto', 'kernel' or 'atomic', got {DQ!r}")
-    if DQ == "atomic" and torch.are_deterministic_algorithms_enabled():
-        msg = ("op 'ramla', backend 'fused': DQ = 'atomic' sums dq by atomic adds, which is not deterministic, and "
-               "torch.use_deterministic_algorithms is on; set ops.ramla.fused.DQ = 'kernel'")
-        if not torch.is_deterministic_algorithms_warn_only_enabled():
-            raise BackendError(msg)
-        warnings.warn(msg)
-    return "atomic" if DQ == "atomic" else "kernel"
 
 
 def heads_per_program(B: int, T: int, H: int, device: torch.device) -> int:

@@ -92,13 +92,6 @@ def far_mode(request, device, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["kernel", "atomic"])
-def dq_mode(request, monkeypatch):
-    """Both backwards: dq from its own kernel, and dq summed by atomic adds in the dk/dv kernel."""
-    monkeypatch.setattr("ops.ramla.fused.DQ", request.param)
-    return request.param
-
-
 def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1):
     """Relative errors of the fused output and of every gradient (q, k_lat, v_lat, w_ql, w_vu, α)
     against naive on the same inputs; naive runs in fp32 whatever `dtype` the fused op gets."""
@@ -125,13 +118,13 @@ def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q
     (1, 100, 2, 8, 16, 200, 0.9),     # band wider than the sequence
     (2, 13, 2, 8, 16, 10, 0.5),       # T = W + 3: the split's smallest far field, two rows (one is all Triton)
 ])
-def test_fused_matches_naive(B, T, H, D, L, W, alpha, device, far_mode, dq_mode, poison_empty):
+def test_fused_matches_naive(B, T, H, D, L, W, alpha, device, far_mode, poison_empty):
     errs = fused_vs_naive(B, T, H, D, L, W, alpha, device)
     names = ["o", "dq", "dk_lat", "dv_lat", "dw_ql", "dw_vu", "dalpha"]   # all(): max() would skip a NaN
     assert all(e < 2e-5 for e in errs), dict(zip(names, errs))
 
 
-def test_fused_large_logits(device, far_mode, dq_mode):
+def test_fused_large_logits(device, far_mode):
     """Scores of a few hundred: the online softmax must neither overflow nor lose the gradients."""
     errs = fused_vs_naive(1, 100, 2, 8, 16, 10, 0.5, device, q_mult=30.0)
     assert all(e < 1e-4 for e in errs), errs
@@ -178,7 +171,7 @@ def test_fused_split_uses_sdpa(device, monkeypatch):
     (1, 70, 3, 8, 16, 3, None), (2, 333, 4, 64, 64, 64, 0.5), (2, 13, 2, 8, 16, 10, 0.5),
     (2, 12, 2, 8, 16, 10, 0.5),
 ])
-def test_fused_split_half_precision(kernel, B, T, H, D, L, W, alpha, dq_mode, monkeypatch):
+def test_fused_split_half_precision(kernel, B, T, H, D, L, W, alpha, monkeypatch):
     """The split form on each SDPA kernel at odd shapes, bf16 against naive in fp32: the output and the tensor
     gradients within 2e-2, and dα, a sum that nearly cancels, no further off than the all-Triton form's."""
     monkeypatch.setattr("ops.ramla.fused.FAR", "triton")
@@ -245,33 +238,10 @@ def test_deterministic_mode_keeps_cudnn_out(monkeypatch):
         assert far.choose(q, "cudnn") == "cudnn"
 
 
-def test_dq_mode_auto_and_deterministic(monkeypatch):
-    """'auto' takes the bitwise-repeatable dq kernel; 'atomic' is taken when asked for, and under
-    torch.use_deterministic_algorithms it is an error naming the remedy (a warning in warn-only mode)."""
-    from ops import BackendError
-    from ops.ramla import fused
-
-    for mode, want in (("auto", "kernel"), ("kernel", "kernel"), ("atomic", "atomic")):
-        monkeypatch.setattr("ops.ramla.fused.DQ", mode)
-        assert fused.dq_mode() == want
-    monkeypatch.setattr("ops.ramla.fused.DQ", "atomics")
-    with pytest.raises(ValueError, match="DQ must be"):
-        fused.dq_mode()
-    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
-    monkeypatch.setattr("ops.ramla.fused.DQ", "auto")
-    assert fused.dq_mode() == "kernel"
-    monkeypatch.setattr("ops.ramla.fused.DQ", "atomic")
-    with pytest.raises(BackendError, match="DQ = 'kernel'"):
-        fused.dq_mode()
-    monkeypatch.setattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: True)
-    with pytest.warns(UserWarning, match="not deterministic"):
-        assert fused.dq_mode() == "atomic"
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
 @pytest.mark.parametrize("far", ["sdpa", "triton"])
 @pytest.mark.parametrize("alpha", [0.5, None])
-def test_fused_bf16_full_shape(alpha, far, dq_mode, monkeypatch):
+def test_fused_bf16_full_shape(alpha, far, monkeypatch):
     """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32, in both forms."""
     monkeypatch.setattr("ops.ramla.fused.FAR", far)
     errs = fused_vs_naive(8, 2048, 12, 64, 64, 64, alpha, "cuda", torch.bfloat16)
@@ -279,19 +249,18 @@ def test_fused_bf16_full_shape(alpha, far, dq_mode, monkeypatch):
 
 
 @pytest.mark.parametrize("heads_per_program", [2, 6])
-def test_fused_head_groups(heads_per_program, device, far_mode, dq_mode, monkeypatch):
+def test_fused_head_groups(heads_per_program, device, far_mode, monkeypatch):
     """The backward's head groups (several heads summed on chip per program) change nothing."""
     monkeypatch.setattr("ops.ramla.fused.HEADS_PER_PROGRAM", heads_per_program)
     errs = fused_vs_naive(1, 90, 6, 8, 16, 20, 0.5, device)
     assert all(e < 2e-5 for e in errs), errs
 
 
-def test_fused_other_tiles(device, far_mode, dq_mode, monkeypatch):
+def test_fused_other_tiles(device, far_mode, monkeypatch):
     """Tiles the sweep tries (BM ≠ BN in every kernel) give the same results."""
     monkeypatch.setattr("ops.ramla.fused.TILES", {"fwd": dict(BM=32, BN=16, num_warps=4, num_stages=2),
                                                   "dkv": dict(BM=16, BN=32, num_warps=4, num_stages=2),
-                                                  "dq": dict(BM=32, BN=16, num_warps=4, num_stages=2),
-                                                  "atomic": dict(BM=16, BN=32, num_warps=4, num_stages=2)})
+                                                  "dq": dict(BM=32, BN=16, num_warps=4, num_stages=2)})
     errs = fused_vs_naive(2, 75, 2, 8, 16, 20, 0.5, device)
     assert all(e < 2e-5 for e in errs), errs
 
