@@ -35,7 +35,7 @@ H, D, L, W = 12, 64, 64, 64     # gpt2_ramla_124m
 NAIVE = "naive (fp32 inside)"   # the oracle upcasts to fp32 (no TF32): T×T scores in fp32 whatever the inputs
 MHA_LAYER = "module: GPT-2 MHA layer (SDPA)"
 # SDPA timed under torch.use_deterministic_algorithms, the like-for-like peer of the fused core's bitwise-repeatable
-# backward (SDPA's default cuDNN backward is not repeatable; torch then takes another kernel, or makes it repeat)
+# backward: SDPA's default cuDNN backward is not repeatable, and there torch takes FlashAttention-2 (on the H100)
 SDPA_DETERMINISTIC = "sdpa (GPT-2 MHA), deterministic mode"
 
 

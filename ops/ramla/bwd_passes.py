@@ -56,4 +56,3 @@ def ramla_bwd_reduce_kernel(dk_part, dv_part, dk_far, dv_far, dk, dv, T, T_far, 
         b_dv += _far_head_sum(dv_far, i_b, o_t, m_f, o_l, svb, svh, svt, H, L, BT)
     tl.store(dk + row + o_l[None, :], b_dk.to(dk.dtype.element_ty), mask=m_t[:, None])
     tl.store(dv + row + o_l[None, :], b_dv.to(dv.dtype.element_ty), mask=m_t[:, None])
-
