@@ -19,7 +19,6 @@ alone). Writes bench/results/<date>-<device>-ramla.{md,json,png}.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -154,6 +153,7 @@ def check(B, T, device, far="auto") -> str:
     (the exact-dot kernels, all Triton: SDPA's GPU kernels are half precision) and on bf16 ones (the timed
     kernels, in the form `far`). A NaN shows as nan."""
     from ops.ramla import fused, naive
+    from scripts.bench_kernels import rel
 
     x = [t.detach().float().requires_grad_() for t in ramla_inputs(B, T, device)]
     gen = torch.Generator(device=device).manual_seed(1)
@@ -166,7 +166,7 @@ def check(B, T, device, far="auto") -> str:
             xs = [t.detach().to(dtype if i < 3 else torch.float32).requires_grad_() for i, t in enumerate(x)]
             out = fused.ramla(*xs[:5], xs[5], W)
             got = [out, *torch.autograd.grad(out, xs, do.to(out.dtype))]
-        e = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(got, ref)]
+        e = [rel(a, b) for a, b in zip(got, ref)]
         errs.append(float("nan") if any(v != v for v in e) else max(e))
     return f"fp32 (all Triton) {errs[0]:.1e}, bf16 {errs[1]:.1e}"
 
@@ -211,6 +211,7 @@ def sweep(B, T, device, kernels=tuple(SWEEP)) -> list[dict]:
 
     from ops.ramla import fused
     from ops.ramla.fused import FlashRAMLA, latent_queries
+    from scripts.bench_kernels import rel
 
     q, k, v, w_ql, *_, alpha = ramla_inputs(B, T, device)
     q_lat = latent_queries(q, w_ql).detach().requires_grad_()
@@ -230,7 +231,7 @@ def sweep(B, T, device, kernels=tuple(SWEEP)) -> list[dict]:
             fused.TILES[kernel] = dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
             row = {"kernel": kernel, "BM": bm, "BN": bn, "warps": warps, "stages": stages}
             try:
-                errs = [((a.double() - b.double()).norm() / b.double().norm()).item() for a, b in zip(outputs(), ref)]
+                errs = [rel(a, b) for a, b in zip(outputs(), ref)]
                 err = float("nan") if any(e != e for e in errs) else max(errs)
                 row["max_rel_err"] = err
                 if not err <= 1e-2:                       # NaN fails too

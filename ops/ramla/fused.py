@@ -180,8 +180,8 @@ def far_kernel(q_lat: torch.Tensor) -> str | None:
         raise ValueError(f"ramla: FAR must be 'auto', 'sdpa' or 'triton', got {FAR!r}")
     # under torch.use_deterministic_algorithms 'auto' keeps every score in Triton: the split's SDPA backward is
     # bitwise repeatable there only on FlashAttention-2, which is slower than all Triton on the H100
-    if FAR == "triton" or (FAR == "auto" and (q_lat.shape[2] < FAR_MIN_T or torch.are_deterministic_algorithms_enabled()
-                                              or not far.supports(q_lat))):
+    declines = q_lat.shape[2] < FAR_MIN_T or torch.are_deterministic_algorithms_enabled() or not far.supports(q_lat)
+    if FAR == "triton" or (FAR == "auto" and declines):
         return None
     if not far.supports(q_lat):
         raise BackendError(f"op 'ramla', backend 'fused': SDPA's far-field kernels take fp16 or bf16 on a GPU, "
