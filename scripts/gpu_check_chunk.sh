@@ -27,7 +27,8 @@ import fla.ops.common.chunk_o as c; c.TRITON_ABOVE_3_7_1 = True   # fla's backwa
 runpy.run_module('eval.equivalence', run_name='__main__')" --config "$cfg" --backends "${EQUIV_BACKENDS:-chunk,fla}" 2>&1 | tee -a "$OUT/equivalence.log"
   done
 fi
-if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps per backend from the same init on the same data
+if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps per backend from the same init on the same data;
+  # PARITY_FLOOR=1 adds the noise-floor run, PARITY_FLOOR_SPLITS=2,4 one per micro-batch split
   # Validation is held-out stand-in text (lines 92.5-97.5%; test: the last 2.5%): after 200 steps of Python docs the
   # WikiText loss swings by 0.3-0.6 nats between evaluations, no use for a 0.01-nat comparison. The learning-rate
   # schedule is the config's own (warmup 500): with warmup 20 at this micro-batch the gradient norm spiked to 200
@@ -43,7 +44,7 @@ if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps p
     # PARITY_TIMEOUT per config, cut to what is left before PARITY_DEADLINE (seconds since this script started)
     t=${PARITY_TIMEOUT:-420}; [ -n "${PARITY_DEADLINE:-}" ] && t=$(( PARITY_DEADLINE - SECONDS < t ? PARITY_DEADLINE - SECONDS : t ))
     timeout "$t" python3 scripts/parity.py --config "$cfg" --backends "${PARITY_BACKENDS:-naive,chunk}" \
-      --steps 200 --eval-interval 50 --out $P ${PARITY_FLOOR:+--floor} ${PARITY_PARALLEL:+--parallel} \
+      --steps 200 --eval-interval 50 --out $P ${PARITY_FLOOR:+--floor ${PARITY_FLOOR_SPLITS:-2}} ${PARITY_PARALLEL:+--parallel} \
       --data.source=local:$S --data.eval_source=local:$S \
       --data.tokenizer_file=$D/tokenizers/gpt2.tiktoken --data.cache_dir=/tmp/data_cache \
       --train.progress=false --train.micro_batch_size=4 --train.grad_accum=1 \

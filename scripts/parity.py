@@ -13,7 +13,8 @@ pass/fail: |Δ val loss| ≤ --tolerance nats (default 0.01, DESIGN §5) at the 
 --floor adds a run that measures how far two correct runs drift apart: the reference backend again,
 with half the micro-batch and twice the accumulation (the same rows per step, summed in another
 order, so it differs from the reference by rounding alone). Its Δ is the noise floor of the
-comparison: a backend's Δ within the floor is indistinguishable from rounding.
+comparison: a backend's Δ within the floor is indistinguishable from rounding. One such run is one
+sample of a chaotic process; `--floor 2,4` adds one run per split (`naive~`, `naive~4`) for a spread.
 --parallel trains every run at once on the same device (each logs to <out>/<run>.log): parity does not
 time anything, and the naive runs leave most of a GPU idle.
 --teacher also saves the reference's weights at every evaluation and scores each backend on them (the
@@ -76,16 +77,22 @@ def compare(runs: dict[str, Path], tests: dict[str, dict], tolerance: float) -> 
     return out
 
 
-def floor_overrides(config: str, overrides: list[str]) -> list[str]:
-    """Half the micro-batch, twice the accumulation and evaluation batches: the same training rows and
-    validation windows as the reference, another order of summation."""
+def floor_overrides(config: str, overrides: list[str], split: int = 2) -> list[str]:
+    """The micro-batch divided by `split`, the accumulation and evaluation batches multiplied by it: the same
+    training rows and validation windows as the reference, another order of summation."""
     from config import load_config
 
     tc = load_config(config, overrides).train
-    if tc.micro_batch_size % 2:
-        raise SystemExit(f"error: --floor halves the micro-batch; {tc.micro_batch_size} is odd")
-    return [f"--train.micro_batch_size={tc.micro_batch_size // 2}", f"--train.grad_accum={tc.grad_accum * 2}",
-            f"--train.eval_batches={tc.eval_batches * 2}"]
+    if split < 2 or tc.micro_batch_size % split:
+        raise SystemExit(f"error: --floor splits the micro-batch ({tc.micro_batch_size}) into {split}: the split "
+                         "must be 2 or more and divide it; pass --train.micro_batch_size or other --floor splits")
+    return [f"--train.micro_batch_size={tc.micro_batch_size // split}", f"--train.grad_accum={tc.grad_accum * split}",
+            f"--train.eval_batches={tc.eval_batches * split}"]
+
+
+def floor_name(ref: str, split: int) -> str:
+    """The floor run of a split: `naive~` for the default split of 2, `naive~4` for 4."""
+    return f"{ref}~" if split == 2 else f"{ref}~{split}"
 
 
 def teacher_forced(ref_run: Path, backends: list[str], data_overrides: list[str], tolerance: float) -> dict:
@@ -130,7 +137,7 @@ def to_markdown(result: dict, command: str, tolerance: float) -> str:
         t = r["test"] or {}
         word = f"{t['word_ppl']:.2f}" if t.get("word_ppl") else "—"
         ppl = f"{t['token_ppl']:.2f}" if t else "—"
-        verdict = "reference" if b == ref else "noise floor" if b.endswith("~") else \
+        verdict = "reference" if b == ref else "noise floor" if "~" in b else \
             ("pass" if r["pass"] else "**FAIL**")
         lines.append(f"| {b} | {r['val_loss'][last]:.4f} | {r['final_delta_val']:+.4f} | {r['max_abs_delta_val']:.4f} | "
                      f"{r['mean_delta_train_last_half']:+.4f} | {ppl} | {word} | {verdict} |")
@@ -143,10 +150,12 @@ def to_markdown(result: dict, command: str, tolerance: float) -> str:
         for b, r in result["teacher"].items():
             verdict = "reference" if b == ref else ("pass" if r["pass"] else "**FAIL**")
             lines.append(f"| {b} | " + " | ".join(f"{r['delta'][s]:+.5f}" for s in steps) + f" | {verdict} |")
-    floor = [r for b, r in result["backends"].items() if b.endswith("~")]
+    floor = {b: r for b, r in result["backends"].items() if "~" in b}
     if floor:
-        lines += ["", f"Noise floor: `{ref}~` is `{ref}` again with the micro-batch split in two (the same rows, "
-                  f"summed in another order); it drifts {floor[0]['max_abs_delta_val']:.4f} nats from `{ref}` at most."]
+        drifts = "; ".join(f"`{b}` ends {r['final_delta_val']:+.4f} and drifts {r['max_abs_delta_val']:.4f} at most"
+                           for b, r in floor.items())
+        lines += ["", f"Noise floor: `{ref}~` is `{ref}` again with the micro-batch split in two (`{ref}~N`: in N), "
+                  f"the same rows summed in another order: {drifts}."]
     return "\n".join(lines) + "\n"
 
 
@@ -179,8 +188,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-interval", type=int, default=50)
     p.add_argument("--tolerance", type=float, default=0.01, help="|Δ val loss| in nats at the last evaluation")
-    p.add_argument("--floor", action="store_true", help="also re-run the reference with the micro-batch split "
-                   "in two (same rows per step): the noise floor of the comparison")
+    p.add_argument("--floor", nargs="?", const="2", metavar="SPLITS", help="also re-run the reference with the "
+                   "micro-batch split in two (same rows per step): the noise floor of the comparison; SPLITS "
+                   "(e.g. 2,4) runs one floor per split")
     p.add_argument("--teacher", action="store_true", help="also score every backend on the reference's weights "
                    "at each evaluation (the same function on trained weights, no training dynamics)")
     p.add_argument("--parallel", action="store_true", help="train all runs at once (one device; memory permitting)")
@@ -197,15 +207,17 @@ def main(argv: list[str] | None = None) -> dict:
         extra[backends[0]] += [f"--train.ckpt_interval={args.eval_interval}",
                                f"--train.keep_ckpts={args.steps // args.eval_interval + 1}"]
     if args.floor:
-        floor = f"{backends[0]}~"
-        runs = {backends[0]: runs[backends[0]], floor: out / f"{stem}_{backends[0]}_floor", **runs}
-        extra[floor] = floor_overrides(args.config, overrides)
+        splits = [int(s) for s in args.floor.split(",")]
+        floors = {floor_name(backends[0], s): out / f"{stem}_{backends[0]}_floor{'' if s == 2 else s}" for s in splits}
+        runs = {backends[0]: runs[backends[0]], **floors, **runs}
+        for s in splits:
+            extra[floor_name(backends[0], s)] = floor_overrides(args.config, overrides, s)
     taken = [str(r) for r in runs.values() if r.exists()]
     if taken:
         raise SystemExit(f"error: {', '.join(taken)} already exist; remove them or pass another --out")
     data_overrides = [o for o in overrides if o.startswith("--data.")]
     def train_cmd(b: str, run: Path) -> list[str]:
-        return [sys.executable, str(REPO / "train.py"), "--config", args.config, *backend_args(b.rstrip("~")),
+        return [sys.executable, str(REPO / "train.py"), "--config", args.config, *backend_args(b.split("~")[0]),
                 f"--train.name={run.name}", f"--train.out_dir={out}", f"--train.max_steps={args.steps}",
                 f"--train.eval_interval={args.eval_interval}", "--train.ckpt_interval=0", *overrides, *extra[b]]
 
@@ -244,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "parity.md").write_text(to_markdown(result, command, args.tolerance))
     plot(result, out / "parity.png")
     print((out / "parity.md").read_text())
-    failed = [b for b, r in result["backends"].items() if not r["pass"] and not b.endswith("~")]
+    failed = [b for b, r in result["backends"].items() if not r["pass"] and "~" not in b]
     print(f"wrote {out}/parity.{{json,md,png}}; " + (f"FAIL: {', '.join(failed)}" if failed else "all within tolerance"))
     if failed and argv is None:
         sys.exit(1)

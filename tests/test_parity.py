@@ -15,21 +15,28 @@ TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32"
         "--data.synthetic.train_tokens=20000", "--data.synthetic.eval_tokens=600"]
 
 
-# the parallel case also checks a fused backend restricted to some components: `fused[state]` → --fuse state
+# the parallel case also checks a fused backend restricted to some components (`fused[state]` → --fuse state) and
+# a second floor split (micro-batch 4: `naive~` at 2 × 2, `naive~4` at 1 × 4)
 @pytest.mark.parametrize("parallel, other, run", [(False, "chunk", "smoke_chunk"), (True, "fused[state]", "smoke_fused-state")],
                          ids=["sequential", "parallel"])
 def test_parity_naive_vs_chunk(tmp_path, parallel, other, run):
+    floor = ["--floor", "2,4", "--parallel", "--train.micro_batch_size=4"] if parallel else ["--floor"]
     result = main(["--config", "configs/smoke.yaml", "--backends", f"naive,{other}", "--steps", "3", "--eval-interval", "3",
-                   "--floor", *(["--parallel"] if parallel else []), "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
+                   "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY, *floor])
     naive, chunk = result["backends"]["naive"], result["backends"][other]
     assert naive["pass"] and naive["final_delta_val"] == 0
     assert chunk["pass"] and abs(chunk["final_delta_val"]) < 1e-4, chunk["delta_val"]
     assert abs(chunk["test"]["loss"] - naive["test"]["loss"]) < 1e-4
-    floor = result["backends"]["naive~"]
-    assert abs(floor["final_delta_val"]) < 1e-4, floor["delta_val"]
-    floor_cfg = (tmp_path / "smoke_naive_floor" / "config.yaml").read_text()
-    assert "micro_batch_size: 1" in floor_cfg and "grad_accum: 2" in floor_cfg and "eval_batches: 2" in floor_cfg
-    assert "Noise floor" in (tmp_path / "parity.md").read_text()
+    floors = {"naive~": ("smoke_naive_floor", 2)} | ({"naive~4": ("smoke_naive_floor4", 4)} if parallel else {})
+    micro = 4 if parallel else 2
+    assert [b for b in result["backends"] if "~" in b] == list(floors)
+    for name, (folder, split) in floors.items():
+        floor = result["backends"][name]
+        assert abs(floor["final_delta_val"]) < 1e-4, floor["delta_val"]
+        cfg = (tmp_path / folder / "config.yaml").read_text()
+        assert f"micro_batch_size: {micro // split}" in cfg and f"grad_accum: {split}" in cfg, cfg
+        assert f"eval_batches: {split}" in cfg
+        assert f"`{name}` ends" in (tmp_path / "parity.md").read_text()
     assert json.loads((tmp_path / "parity.json").read_text())["backends"][other]["pass"]
     if parallel:
         assert "step" in (tmp_path / f"{run}.log").read_text()
@@ -70,3 +77,13 @@ def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path, 
     wrong = teacher_forced(tmp_path / "smoke_naive", ["naive", "chunk"], [f"--data.cache_dir={tmp_path / 'cache'}"],
                            1e-4)
     assert wrong["naive"]["pass"] and not wrong["chunk"]["pass"]
+
+
+def test_floor_split_must_divide_the_micro_batch():
+    from scripts.parity import floor_overrides
+
+    assert floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], 4)[:2] == [
+        "--train.micro_batch_size=1", "--train.grad_accum=4"]
+    for split in (1, 3):
+        with pytest.raises(SystemExit, match="must be 2 or more and divide it"):
+            floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], split)
