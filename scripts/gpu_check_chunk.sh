@@ -39,7 +39,7 @@ if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps p
   tail -n +$((n * 925 / 1000 + 1)) $D/pydocs-train/train.txt | head -n $((n * 50 / 1000)) > $S/valid.txt
   tail -n +$((n * 975 / 1000 + 1)) $D/pydocs-train/train.txt > $S/test.txt
   for cfg in ${PARITY_CONFIGS:-configs/gla_125m.yaml}; do
-    stem=$(basename "$cfg" .yaml) P=/tmp/parity/$stem
+    stem=$(basename "$cfg" .yaml)${PARITY_TAG:-} P=/tmp/parity/$stem   # PARITY_TAG: runs of one config side by side
     rm -rf "$P"   # a warm machine keeps /tmp between calls
     # PARITY_TIMEOUT per config, cut to what is left before PARITY_DEADLINE (seconds since this script started)
     t=${PARITY_TIMEOUT:-420}; [ -n "${PARITY_DEADLINE:-}" ] && t=$(( PARITY_DEADLINE - SECONDS < t ? PARITY_DEADLINE - SECONDS : t ))

@@ -112,14 +112,15 @@ def _state_tiles(K: int, V: int, BV: int | None) -> tuple[int, int]:
 
 
 def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None,
-                output_final_state: bool, chunk_size: int, BV: int | None = None, num_warps: int = 8):
-    """k, w: [B, T, H, K]; u: [B, T, H, V]; b: [B, T, H, 1] fp32. Returns h [B, NT, H, K, V] in k's dtype
-    (the state entering each chunk), v_new [B, T, H, V] (u's dtype) and the final state [B, H, K, V]
-    fp32, or None."""
+                output_final_state: bool, chunk_size: int, BV: int | None = None, num_warps: int = 8,
+                state_dtype: torch.dtype | None = None):
+    """k, w: [B, T, H, K]; u: [B, T, H, V]; b: [B, T, H, 1] fp32. Returns h [B, NT, H, K, V] in state_dtype
+    (default k's dtype; the state entering each chunk), v_new [B, T, H, V] (u's dtype) and the final state
+    [B, H, K, V] fp32, or None."""
     B, T, H, K = k.shape
     V, NT = u.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = _state_tiles(K, V, BV)
-    h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
+    h = torch.empty(B, NT, H, K, V, dtype=state_dtype or k.dtype, device=k.device)
     v_new = torch.empty_like(u)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     delta_h_fwd_kernel[(triton.cdiv(V, BV), B * H)](k, w, u, b, h, v_new, h0, ht, T, NT, H, K, V, chunk_size, BK, BV,
@@ -130,14 +131,15 @@ def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tens
 
 def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tensor, A: torch.Tensor,
                 do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, scale: float, chunk_size: int,
-                BV: int | None = None, num_warps: int = 8, num_stages: int | None = None):
-    """A: [B, T, H, C] intra-chunk scores; do: [B, T, H, V]. Returns dh [B, NT, H, K, V] in q's dtype
-    (gradient of the state leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None.
+                BV: int | None = None, num_warps: int = 8, num_stages: int | None = None,
+                state_dtype: torch.dtype | None = None):
+    """A: [B, T, H, C] intra-chunk scores; do: [B, T, H, V]. Returns dh [B, NT, H, K, V] in state_dtype (default
+    q's dtype; the gradient of the state leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None.
     num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory pipelined."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = _state_tiles(K, V, BV)
-    dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
+    dh = torch.empty(B, NT, H, K, V, dtype=state_dtype or q.dtype, device=q.device)
     dv_new = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
     if num_stages is None:   # fp32 at K = V = 128: pipelined, the loop asked for 312 KB of shared memory (H100: 227)

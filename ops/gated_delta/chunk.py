@@ -23,19 +23,24 @@ from ops.common.cumsum import chunk_cumsum
 from ops.common.delta_h import delta_h_bwd, delta_h_fwd
 from ops.common.wy import wy_bwd, wy_fwd
 
+# h and dh between the stages in the inputs' dtype, as fla keeps them. fp32 states were measured on the H100
+# (scripts/probe_state_precision.py, bench/results/2026-11-25-h100-parity-spread/): they move the op's errors
+# against float64 by 0-6 %, and its per-head sums of dg by up to 2× either way: not where its bf16 error comes from.
+STATE_DTYPE = None
+
 
 class ChunkGatedDelta(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, state_dtype):
         q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
         h0 = initial_state.contiguous() if initial_state is not None else None
         b = chunk_cumsum(g.unsqueeze(-1), chunk_size)                             # [B, T, H, 1] fp32
         Ai, w, u = wy_fwd(k, v, b, beta, chunk_size)
-        h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size)
+        h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size, state_dtype=state_dtype)
         o, A = chunk_fwd_o_scalar(q, k, v_new, b, h, scale, chunk_size)
         ctx.save_for_backward(q, k, v, b, beta, Ai, w, h, v_new, A)
         ctx.scale, ctx.chunk_size, ctx.has_h0 = scale, chunk_size, h0 is not None
-        ctx.g_dtype, ctx.beta_dtype = g.dtype, beta.dtype
+        ctx.g_dtype, ctx.beta_dtype, ctx.state_dtype = g.dtype, beta.dtype, state_dtype
         return o, ht
 
     @staticmethod
@@ -46,19 +51,22 @@ class ChunkGatedDelta(torch.autograd.Function):
         dht = dht.contiguous() if dht is not None else None
         dA = chunk_bwd_dA(do, v_new, C)
         dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
-        dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, A, do, dht, ctx.has_h0, scale, C)
+        dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, A, do, dht, ctx.has_h0, scale, C, state_dtype=ctx.state_dtype)
         dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, h, dh, do, dq_intra, dk_intra, scale, C)
         dk, dv, dbeta, db_wy = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C)
         dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
-        return dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(ctx.beta_dtype), None, dh0, None, None
+        return dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(ctx.beta_dtype), None, dh0, None, None, None
 
 
 def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       scale: float, initial_state: torch.Tensor | None, output_final_state: bool,
-                      chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """gated_delta with an explicit scale and chunk size (16, 32, 64 or 128)."""
+                      chunk_size: int = 64, state_dtype: torch.dtype | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gated_delta with an explicit scale, chunk size (16, 32, 64 or 128) and dtype of the per-chunk states h and
+    dh kept between the stages (None: STATE_DTYPE, and if that is None the inputs' dtype)."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
-    return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
+                                 state_dtype or STATE_DTYPE)
 
 
 def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

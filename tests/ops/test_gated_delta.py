@@ -155,6 +155,22 @@ def test_triton_backend_bf16_full_shapes(backend, shape):
     oracle on the same (bf16-rounded) inputs, output, final state and every gradient."""
     from ops import get_op
 
+    check_bf16(shape, get_op("gated_delta", backend))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 dots need a CUDA GPU")
+def test_chunk_fp32_states_bf16():
+    """The chunk op with h and dh kept in fp32 between its stages (scripts/probe_state_precision.py)."""
+    from ops.gated_delta.chunk import chunk_gated_delta
+
+    def op(q, k, v, g, beta, initial_state, output_final_state):
+        return chunk_gated_delta(q, k, v, g, beta, q.shape[-1] ** -0.5, initial_state, output_final_state,
+                                 state_dtype=torch.float32)
+    check_bf16((2, 1000, 3, 60, 100), op)
+
+
+def check_bf16(shape, op):
     torch.manual_seed(0)
     B, T, H, K, V = shape
     q = torch.randn(B, T, H, K, device="cuda")
@@ -168,7 +184,7 @@ def test_triton_backend_bf16_full_shapes(backend, shape):
         [x.clone().requires_grad_() for x in (g, beta, h0)]
     ref_in = [x.detach().float().requires_grad_() for x in got_in]      # the same (bf16-rounded) inputs
     o1, s1 = gated_delta(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
-    o2, s2 = get_op("gated_delta", backend)(*got_in[:5], initial_state=got_in[5], output_final_state=True)
+    o2, s2 = op(*got_in[:5], initial_state=got_in[5], output_final_state=True)
     assert o2.dtype == torch.bfloat16 and rel_err(o2, o1) < 5e-3 and rel_err(s2, s1) < 5e-3
     do, ds = torch.randn_like(o1), torch.randn_like(s1)
     ((o1 * do).sum() + (s1 * ds).sum()).backward()
