@@ -27,26 +27,27 @@ import fla.ops.common.chunk_o as c; c.TRITON_ABOVE_3_7_1 = True   # fla's backwa
 runpy.run_module('eval.equivalence', run_name='__main__')" --config "$cfg" --backends "${EQUIV_BACKENDS:-chunk,fla}" 2>&1 | tee -a "$OUT/equivalence.log"
   done
 fi
-if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps per backend from the same init on the same data;
-  # PARITY_FLOOR=1 adds the noise-floor run, PARITY_FLOOR_SPLITS=2,4 one per micro-batch split
+if [ -n "${PARITY:-}" ]; then   # each of PARITY_CONFIGS (gla_125m): 200 steps per backend from the same init on the same data
+  # PARITY_FLOOR=1 adds the noise-floor run; with it, PARITY_FLOOR_SPLITS=2,4 adds one per micro-batch split.
+  # PARITY_TAG names a second invocation's folders, so that two (other seeds, say) can run side by side.
   # Validation is held-out stand-in text (lines 92.5-97.5%; test: the last 2.5%): after 200 steps of Python docs the
   # WikiText loss swings by 0.3-0.6 nats between evaluations, no use for a 0.01-nat comparison. The learning-rate
   # schedule is the config's own (warmup 500): with warmup 20 at this micro-batch the gradient norm spiked to 200
   # within 8 steps and rounding alone moved the curves by more than 0.01 nats.
-  D=.carry/data S=/tmp/pydocs-split
+  D=.carry/data S=/tmp/pydocs-split${PARITY_TAG:-}
   mkdir -p $S && n=$(wc -l < $D/pydocs-train/train.txt)
   head -n $((n * 925 / 1000)) $D/pydocs-train/train.txt > $S/train.txt
   tail -n +$((n * 925 / 1000 + 1)) $D/pydocs-train/train.txt | head -n $((n * 50 / 1000)) > $S/valid.txt
   tail -n +$((n * 975 / 1000 + 1)) $D/pydocs-train/train.txt > $S/test.txt
   for cfg in ${PARITY_CONFIGS:-configs/gla_125m.yaml}; do
-    stem=$(basename "$cfg" .yaml)${PARITY_TAG:-} P=/tmp/parity/$stem   # PARITY_TAG: runs of one config side by side
+    stem=$(basename "$cfg" .yaml)${PARITY_TAG:-} P=/tmp/parity/$stem
     rm -rf "$P"   # a warm machine keeps /tmp between calls
     # PARITY_TIMEOUT per config, cut to what is left before PARITY_DEADLINE (seconds since this script started)
     t=${PARITY_TIMEOUT:-420}; [ -n "${PARITY_DEADLINE:-}" ] && t=$(( PARITY_DEADLINE - SECONDS < t ? PARITY_DEADLINE - SECONDS : t ))
     timeout "$t" python3 scripts/parity.py --config "$cfg" --backends "${PARITY_BACKENDS:-naive,chunk}" \
-      --steps 200 --eval-interval 50 --out $P ${PARITY_FLOOR:+--floor ${PARITY_FLOOR_SPLITS:-2}} ${PARITY_PARALLEL:+--parallel} \
-      --data.source=local:$S --data.eval_source=local:$S \
-      --data.tokenizer_file=$D/tokenizers/gpt2.tiktoken --data.cache_dir=/tmp/data_cache \
+      --steps 200 --eval-interval 50 --out $P ${PARITY_PARALLEL:+--parallel} \
+      ${PARITY_FLOOR:+--floor ${PARITY_FLOOR_SPLITS:-2}} --data.source=local:$S --data.eval_source=local:$S \
+      --data.tokenizer_file=$D/tokenizers/gpt2.tiktoken --data.cache_dir=/tmp/data_cache${PARITY_TAG:-} \
       --train.progress=false --train.micro_batch_size=4 --train.grad_accum=1 \
       --train.log_interval=10 --train.eval_batches=16 ${PARITY_ARGS:-} > "$OUT/parity-$stem.log" 2>&1 || echo "parity $stem: see parity-$stem.log"
     # whatever finished, even after a timeout, in one file (the device tool returns only a few files): the reports,

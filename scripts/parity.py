@@ -90,9 +90,23 @@ def floor_overrides(config: str, overrides: list[str], split: int = 2) -> list[s
             f"--train.eval_batches={tc.eval_batches * split}"]
 
 
-def floor_name(ref: str, split: int) -> str:
-    """The floor run of a split: `naive~` for the default split of 2, `naive~4` for 4."""
-    return f"{ref}~" if split == 2 else f"{ref}~{split}"
+def floor_run(ref: str, split: int) -> tuple[str, str]:
+    """The floor run of a split, (name, folder suffix): (`naive~`, `naive_floor`) for the default split of 2,
+    (`naive~4`, `naive_floor4`) for 4."""
+    n = "" if split == 2 else str(split)
+    return f"{ref}~{n}", f"{slug(ref)}_floor{n}"
+
+
+def floor_splits(text: str) -> list[int]:
+    """--floor's value: comma-separated micro-batch splits, each a whole number ≥ 2, none twice."""
+    try:
+        splits = [int(x) for x in text.split(",")]
+    except ValueError:
+        splits = []
+    if not splits or min(splits) < 2 or len(set(splits)) != len(splits):
+        raise argparse.ArgumentTypeError(f"--floor takes distinct whole numbers ≥ 2 separated by commas (e.g. 2,4), "
+                                         f"got {text!r}")
+    return splits
 
 
 def teacher_forced(ref_run: Path, backends: list[str], data_overrides: list[str], tolerance: float) -> dict:
@@ -154,7 +168,7 @@ def to_markdown(result: dict, command: str, tolerance: float) -> str:
     if floor:
         drifts = "; ".join(f"`{b}` ends {r['final_delta_val']:+.4f} and drifts {r['max_abs_delta_val']:.4f} at most"
                            for b, r in floor.items())
-        lines += ["", f"Noise floor: `{ref}~` is `{ref}` again with the micro-batch split in two (`{ref}~N`: in N), "
+        lines += ["", f"Noise floor: `{ref}` again with the micro-batch split in two (`{ref}~`) or in N (`{ref}~N`), "
                   f"the same rows summed in another order: {drifts}."]
     return "\n".join(lines) + "\n"
 
@@ -188,9 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-interval", type=int, default=50)
     p.add_argument("--tolerance", type=float, default=0.01, help="|Δ val loss| in nats at the last evaluation")
-    p.add_argument("--floor", nargs="?", const="2", metavar="SPLITS", help="also re-run the reference with the "
-                   "micro-batch split in two (same rows per step): the noise floor of the comparison; SPLITS "
-                   "(e.g. 2,4) runs one floor per split")
+    p.add_argument("--floor", nargs="?", const=[2], type=floor_splits, metavar="SPLITS", help="also re-run the "
+                   "reference with its micro-batch split in SPLITS parts (default 2; e.g. 2,4 for one run per split; "
+                   "same rows per step): the noise floor of the comparison")
     p.add_argument("--teacher", action="store_true", help="also score every backend on the reference's weights "
                    "at each evaluation (the same function on trained weights, no training dynamics)")
     p.add_argument("--parallel", action="store_true", help="train all runs at once (one device; memory permitting)")
@@ -207,11 +221,11 @@ def main(argv: list[str] | None = None) -> dict:
         extra[backends[0]] += [f"--train.ckpt_interval={args.eval_interval}",
                                f"--train.keep_ckpts={args.steps // args.eval_interval + 1}"]
     if args.floor:
-        splits = [int(s) for s in args.floor.split(",")]
-        floors = {floor_name(backends[0], s): out / f"{stem}_{backends[0]}_floor{'' if s == 2 else s}" for s in splits}
-        runs = {backends[0]: runs[backends[0]], **floors, **runs}
-        for s in splits:
-            extra[floor_name(backends[0], s)] = floor_overrides(args.config, overrides, s)
+        floors = {s: floor_run(backends[0], s) for s in args.floor}
+        runs = {backends[0]: runs[backends[0]], **{name: out / f"{stem}_{folder}" for name, folder in floors.values()},
+                **runs}
+        for s, (name, _) in floors.items():
+            extra[name] = floor_overrides(args.config, overrides, s)
     taken = [str(r) for r in runs.values() if r.exists()]
     if taken:
         raise SystemExit(f"error: {', '.join(taken)} already exist; remove them or pass another --out")

@@ -3,9 +3,12 @@ between its stages, and what fp32 states cost.
 
     python scripts/probe_state_precision.py [--shapes 125m,340m] [--out DIR]
 
-For bf16 inputs shaped like a Gated DeltaNet layer (q, k L2-normalised, g = −exp(A_log)·softplus(·) as the model
-draws it at init, β = sigmoid(·)), it compares the output and every gradient of `chunk` with bf16 and with fp32
-states, and of `naive` (fp32 inside, the training reference) against `naive` in float64 on the same inputs. Besides
+For bf16 inputs shaped like a Gated DeltaNet layer (q, k L2-normalised; g = −A·dt with A = U(0, 4)² in [0, 16]
+per head and dt uniform in [1e-3, 0.1], the ranges of the model's init though not its distributions, which are
+A ~ U(1, 16) and log-uniform dt; β = sigmoid(·)), it compares the output and every gradient of `chunk` with bf16
+and with fp32 states, and of `naive` (fp32 inside, the training reference) against `naive` in float64 on the same
+inputs. The stages round h and dh to bf16 for their dots either way, so fp32 storage can move only the fp32 uses:
+Σ h ⊙ dh in db, and the WY backward's dw. Besides
 the elementwise relative errors it reports the errors of dg and dβ summed over batch and time per head: the sums
 that A_log, dt_bias and W_β's gradients are made of, and that nearly cancel. Then it times forward+backward of
 both state dtypes (do_bench medians). GPU only: Triton's interpreter overflows in bf16 dots.
@@ -32,10 +35,10 @@ def inputs(B: int, T: int, H: int, K: int, seed: int = 0) -> dict[str, torch.Ten
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     def randn(*s):
         return torch.randn(*s, device=DEVICE, generator=g)
-    a_log = torch.empty(H, device=DEVICE).uniform_(0, 16 ** 0.5, generator=g) ** 2   # A in [0, 16], as at init
+    A = torch.empty(H, device=DEVICE).uniform_(0, 16 ** 0.5, generator=g) ** 2
     dt = torch.empty(B, T, H, device=DEVICE).uniform_(1e-3, 0.1, generator=g)
     q, k = (F.normalize(randn(B, T, H, K), dim=-1).bfloat16() for _ in range(2))
-    return {"q": q, "k": k, "v": randn(B, T, H, K).bfloat16(), "g": -(a_log.clamp_min(1e-4) * dt),
+    return {"q": q, "k": k, "v": randn(B, T, H, K).bfloat16(), "g": -(A.clamp_min(1e-4) * dt),
             "beta": torch.sigmoid(randn(B, T, H)), "do": randn(B, T, H, K).bfloat16()}
 
 

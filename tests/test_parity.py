@@ -20,9 +20,9 @@ TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32"
 @pytest.mark.parametrize("parallel, other, run", [(False, "chunk", "smoke_chunk"), (True, "fused[state]", "smoke_fused-state")],
                          ids=["sequential", "parallel"])
 def test_parity_naive_vs_chunk(tmp_path, parallel, other, run):
-    floor = ["--floor", "2,4", "--parallel", "--train.micro_batch_size=4"] if parallel else ["--floor"]
+    floor_args = ["--floor", "2,4", "--parallel", "--train.micro_batch_size=4"] if parallel else ["--floor"]
     result = main(["--config", "configs/smoke.yaml", "--backends", f"naive,{other}", "--steps", "3", "--eval-interval", "3",
-                   "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY, *floor])
+                   "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY, *floor_args])
     naive, chunk = result["backends"]["naive"], result["backends"][other]
     assert naive["pass"] and naive["final_delta_val"] == 0
     assert chunk["pass"] and abs(chunk["final_delta_val"]) < 1e-4, chunk["delta_val"]
@@ -80,7 +80,14 @@ def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path, 
 
 
 def test_floor_split_must_divide_the_micro_batch():
-    from scripts.parity import floor_overrides
+    import argparse
+
+    from scripts.parity import floor_overrides, floor_splits
+
+    assert floor_splits("2,4") == [2, 4]
+    for bad in ("", "2,", "x", "1", "2,2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="distinct whole numbers"):
+            floor_splits(bad)
 
     assert floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], 4)[:2] == [
         "--train.micro_batch_size=1", "--train.grad_accum=4"]

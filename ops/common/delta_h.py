@@ -11,7 +11,8 @@ dimension is not tiled: v_new needs the whole of w h_n, so one program holds a [
 The recurrence runs in fp32 registers. The forward stores h_n per chunk and v_new in the inputs'
 dtype; the backward stores dh_{n+1} per chunk (the gradient of the state leaving chunk n, the layout
 chunk_o.py expects) in the inputs' dtype, as chunk_h.py does, and dv_new in fp32 (the WY backward
-contracts it in fp32). Initial and final states are fp32.
+contracts it in fp32). state_dtype stores h and dh in another dtype (fp32, for precision probes).
+Initial and final states are fp32.
 """
 from __future__ import annotations
 

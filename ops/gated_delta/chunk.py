@@ -23,10 +23,11 @@ from ops.common.cumsum import chunk_cumsum
 from ops.common.delta_h import delta_h_bwd, delta_h_fwd
 from ops.common.wy import wy_bwd, wy_fwd
 
-# h and dh between the stages in the inputs' dtype, as fla keeps them. fp32 states were measured on the H100
-# (scripts/probe_state_precision.py, bench/results/2026-11-25-h100-parity-spread/): they move the op's errors
-# against float64 by 0-6 %, and its per-head sums of dg by up to 2× either way: not where its bf16 error comes from.
-STATE_DTYPE = None
+# h and dh between the stages in the inputs' dtype, as fla keeps them. fp32 storage was measured on the H100
+# (scripts/probe_state_precision.py, bench/results/2026-11-25-h100-parity-spread/): the stages still round h and dh
+# to bf16 for their dots, so o, dq and dv are unchanged; only the fp32 Σ h ⊙ dh (db) and the WY backward's dw move,
+# dk, dg and dβ by 0-6 %. It doubles the saved h, so it stays off.
+STATE_DTYPE: torch.dtype | None = None   # None: the inputs' dtype
 
 
 class ChunkGatedDelta(torch.autograd.Function):

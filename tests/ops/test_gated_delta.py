@@ -158,16 +158,56 @@ def test_triton_backend_bf16_full_shapes(backend, shape):
     check_bf16(shape, get_op("gated_delta", backend))
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 dots need a CUDA GPU")
-def test_chunk_fp32_states_bf16():
-    """The chunk op with h and dh kept in fp32 between its stages (scripts/probe_state_precision.py)."""
+def state_dtypes(monkeypatch) -> list:
+    """Records the dtype of every h and dh the chunk op's state stages return."""
+    from ops.gated_delta import chunk
+
+    seen = []
+    for name in ("delta_h_fwd", "delta_h_bwd"):
+        def wrapped(*args, _f=getattr(chunk, name), **kwargs):
+            out = _f(*args, **kwargs)
+            seen.append(out[0].dtype)
+            return out
+        monkeypatch.setattr(chunk, name, wrapped)
+    return seen
+
+
+def test_chunk_state_dtype_is_kept(monkeypatch, device):
+    """state_dtype reaches both state stages: fp32 inputs with bf16 states round h and dh, and stay close."""
     from ops.gated_delta.chunk import chunk_gated_delta
 
-    def op(q, k, v, g, beta, initial_state, output_final_state):
-        return chunk_gated_delta(q, k, v, g, beta, q.shape[-1] ** -0.5, initial_state, output_final_state,
-                                 state_dtype=torch.float32)
+    seen = state_dtypes(monkeypatch)
+    q, k, v, g, beta, _ = (x.float().to(device) for x in make_inputs(1, 100, 2, 16, 8, "realistic", "mid", seed=0))
+    q.requires_grad_()
+    o = chunk_gated_delta(q, k, v, g, beta, 0.25, None, False, state_dtype=torch.bfloat16)[0]
+    o.sum().backward()
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    ref = gated_delta(q.detach(), k, v, g, beta, 0.25)[0]
+    assert 0 < rel_err(o.detach(), ref) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 dots need a CUDA GPU")
+def test_chunk_fp32_states_bf16(monkeypatch):
+    """The chunk op with h and dh stored in fp32 (scripts/probe_state_precision.py): within the bf16 bounds, and
+    with the same output as bf16 states, since the output stage rounds h to bf16 for its dot."""
+    from ops.gated_delta.chunk import chunk_gated_delta
+
+    seen = state_dtypes(monkeypatch)
+    outputs = []
+
+    def op(q, k, v, g, beta, initial_state, output_final_state, state_dtype=torch.float32):
+        o, s = chunk_gated_delta(q, k, v, g, beta, q.shape[-1] ** -0.5, initial_state, output_final_state,
+                                 state_dtype=state_dtype)
+        outputs.append(o.detach())
+        return o, s
     check_bf16((2, 1000, 3, 60, 100), op)
+    assert seen == [torch.float32, torch.float32]
+    x = [t.detach() for t in make_inputs(2, 1000, 3, 60, 100, "realistic", "mid", torch.float32, seed=0)]
+    x = [t.cuda() for t in x]
+    x[:3] = [t.bfloat16() for t in x[:3]]
+    with torch.no_grad():
+        assert torch.equal(op(*x[:5], x[5], False)[0], op(*x[:5], x[5], False, torch.bfloat16)[0])
 
 
 def check_bf16(shape, op):
