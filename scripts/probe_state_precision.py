@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             del got
         del ref
         torch.cuda.empty_cache()
-    keys = [k for k in rows[0] if k not in ("shape", "dims", "variant")] + ["fwd+bwd ms"]
-    keys = list(dict.fromkeys(keys))
+    keys = [k for k in rows[0] if k not in ("shape", "dims", "variant")]      # the first row is timed
     lines = ["| shape | variant | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
     for r in rows:
         lines.append(f"| {r['dims']} | {r['variant']} | " + " | ".join(

@@ -23,12 +23,6 @@ from ops.common.cumsum import chunk_cumsum
 from ops.common.delta_h import delta_h_bwd, delta_h_fwd
 from ops.common.wy import wy_bwd, wy_fwd
 
-# h and dh between the stages in the inputs' dtype, as fla keeps them. fp32 storage was measured on the H100
-# (scripts/probe_state_precision.py, bench/results/2026-11-25-h100-parity-spread/): the stages still round h and dh
-# to bf16 for their dots, so o, dq and dv are unchanged; only the fp32 Σ h ⊙ dh (db) and the WY backward's dw move,
-# dk, dg and dβ by 0-6 %. It doubles the saved h, so it stays off.
-STATE_DTYPE: torch.dtype | None = None   # None: the inputs' dtype
-
 
 class ChunkGatedDelta(torch.autograd.Function):
     @staticmethod
@@ -64,10 +58,12 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
                       chunk_size: int = 64, state_dtype: torch.dtype | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """gated_delta with an explicit scale, chunk size (16, 32, 64 or 128) and dtype of the per-chunk states h and
-    dh kept between the stages (None: STATE_DTYPE, and if that is None the inputs' dtype)."""
+    dh kept between the stages (None: the inputs', as fla keeps them). fp32 storage was measured on the H100
+    (scripts/probe_state_precision.py, bench/results/2026-11-25-h100-parity-spread/): the stages still round h and
+    dh to bf16 for their dots, so o, dq and dv are unchanged, and dk, dg and dβ move by 0-6 %; it doubles the
+    saved h, so the op does not use it."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
-    return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
-                                 state_dtype or STATE_DTYPE)
+    return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, state_dtype)
 
 
 def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
