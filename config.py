@@ -12,12 +12,13 @@ import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from data.config import DataConfig
 from model.config import ModelConfig
+from utils.errors import UserError
 
 
 @dataclass
@@ -57,7 +58,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 
@@ -121,10 +122,12 @@ def set_dotted(cfg: Config, key: str, raw: str) -> None:
         if p not in known:
             raise _unknown(key, type(obj).__name__, sorted(known))
         if i == len(parts) - 1:
-            value = yaml.safe_load(raw) if isinstance(raw, str) else raw
             typ = typing.get_type_hints(type(obj))[p]
             if dataclasses.is_dataclass(typ):
                 raise ConfigError(f"config key {key!r} is a section; set one of its fields")
+            # text fields take the CLI text as typed: YAML would read --train.name=off as False, 0123 as octal 83
+            # and null as None, and str() of those named the run folder 'False', '83' or ''
+            value = raw if typ is str and isinstance(raw, str) else yaml.safe_load(raw) if isinstance(raw, str) else raw
             setattr(obj, p, _coerce("" if value is None else value, typ, key))
         else:
             obj = getattr(obj, p)
@@ -132,13 +135,19 @@ def set_dotted(cfg: Config, key: str, raw: str) -> None:
                 raise ConfigError(f"config key {key!r}: {'.'.join(parts[:i + 1])} is not a section")
 
 
-def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
-    """`--a.b=v` or `--a.b v` pairs; anything else is an error."""
+def parse_overrides(args: list[str], flags: list[str] = ()) -> list[tuple[str, str]]:
+    """`--a.b=v` or `--a.b v` pairs; anything else is an error. `flags`: the calling script's own options, for
+    a suggestion when an undotted key is a typo of one (--bakend → --backend)."""
     out, i = [], 0
     while i < len(args):
         a = args[i]
         if not a.startswith("--") or len(a) == 2:
             raise ConfigError(f"unexpected argument {a!r}: overrides look like --section.key=value")
+        name = a.split("=", 1)[0]
+        if "." not in name and name[2:] not in _fields(Config):
+            close = difflib.get_close_matches(name, list(flags), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"unknown option {name!r}: {hint}(config overrides look like --section.key=value)")
         if "=" in a:
             k, v = a[2:].split("=", 1)
             i += 1
@@ -151,7 +160,41 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+def _at_least(lo: float, strict: bool = False) -> tuple[Callable[[Any], bool], str]:
+    return (lambda v: v > lo, f"> {lo}") if strict else (lambda v: v >= lo, f">= {lo}")
+
+
+_UNIT = (lambda v: 0 <= v < 1, "in [0, 1)")
+# Ranges the field types cannot say. Each was a silent no-op or a crash deep inside training: grad_accum 0
+# "trained" with loss 0 and saved a checkpoint, max_steps -1 did nothing and exited 0, log_interval 0 divided by 0.
+RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "train.micro_batch_size": _at_least(1), "train.grad_accum": _at_least(1), "train.max_steps": _at_least(1),
+    "train.log_interval": _at_least(1), "train.eval_interval": _at_least(0), "train.eval_batches": _at_least(0),
+    "train.ckpt_interval": _at_least(0), "train.keep_ckpts": _at_least(0),
+    "train.name": (lambda v: v.strip() not in ("", ".", ".."), "a folder name (not empty, '.' or '..')"),
+    "data.seq_len": _at_least(1), "data.num_proc": _at_least(0),
+    "optim.lr": _at_least(0, strict=True), "optim.warmup_steps": _at_least(0),
+    "optim.min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"), "optim.weight_decay": _at_least(0),
+    "optim.beta1": _UNIT, "optim.beta2": _UNIT, "optim.eps": _at_least(0, strict=True),
+    "optim.grad_clip": _at_least(0),
+    "model.vocab_size": _at_least(1), "model.d_model": _at_least(1), "model.n_layers": _at_least(1),
+    "model.n_heads": _at_least(1),
+}
+
+
+def validate(cfg: Config) -> Config:
+    """Raise ConfigError naming the first key outside its range (RANGES)."""
+    for key, (ok, want) in RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not ok(value):
+            raise ConfigError(f"config key {key!r} must be {want}, got {value!r}")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, flags: list[str] = ()) -> Config:
+    """The preset at `path` with `overrides` applied, validated. `flags`: the script's own options (see
+    parse_overrides)."""
     d = {}
     if path is not None:
         with open(path) as f:
@@ -162,9 +205,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = _from_dict(Config, d)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-    for k, v in parse_overrides(overrides or []):
+    for k, v in parse_overrides(overrides or [], flags):
         set_dotted(cfg, k, v)
-    return cfg
+    return validate(cfg)
 
 
 def config_from_dict(d: dict) -> Config:

@@ -11,10 +11,10 @@ backends), metrics.jsonl and checkpoints/.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,13 +28,30 @@ from config import Config, ConfigError, load_config, save_config, to_dict
 from data.prepare import prepare_split
 from data.sampler import BatchSampler, eval_batches, max_eval_batches, windows_to_batch
 from model import build_model
-from ops import BackendError
-from utils.checkpoint import latest_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from utils.checkpoint import (latest_checkpoint, load_checkpoint, read_state, resolve_checkpoint, save_checkpoint,
+                              supersede_after)
+from utils.cli import run_cli
+from utils.errors import UserError
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 
 
-class Diverged(RuntimeError):
-    pass
+class Diverged(UserError, RuntimeError):
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training, with a message that names the last checkpoint and how to continue."""
+
+
+# What a resumed run may change without --allow-changes: how long it runs, what it logs and where, and which
+# kernels compute the (same) model. Anything else changes the model, the data order or the numerics of the run
+# being continued, so the run would silently mix two settings.
+RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_dir", "train.max_steps",
+                       "train.log_interval", "train.eval_interval", "train.eval_batches", "train.ckpt_interval",
+                       "train.keep_ckpts", "train.progress", "data.cache_dir", "data.num_proc", "data.verify",
+                       "data.tokenizer_file"})
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -44,8 +61,48 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fuse", help="with --backend fused: the fused components to use, e.g. chunk or "
                                   "state,chunk (default: all the ops have; shorthand for --model.fuse)")
     p.add_argument("--resume", nargs="?", const="latest", default=None,
-                   help="continue from the run's latest checkpoint, or from the checkpoint PATH")
-    return p.parse_known_args(argv)
+                   help="continue from the run's latest checkpoint, or from the checkpoint PATH (checkpoints after "
+                        "it move to checkpoints/superseded-<time>/)")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="with --resume: accept settings that differ from the checkpoint's (optimizer, data, seed, "
+                        "batch, precision); without it they are an error. The model's shape never may.")
+    args, overrides = p.parse_known_args(argv)
+    args.flags = [o for a in p._actions for o in a.option_strings]
+    return args, overrides
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume_config(saved: dict | None, cfg: Config, allow: bool, log) -> None:
+    """Refuse a resume whose settings differ from the checkpoint's outside RESUMABLE (model keys always, the
+    rest unless `allow`); log every difference that goes through. Keys a checkpoint predates are not compared."""
+    if saved is None:
+        log("resume: the checkpoint records no config; the settings were not compared")
+        return
+    old, new = _flat(saved), _flat(to_dict(cfg))
+    changed = {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
+
+    def listed(keys):
+        return "; ".join(f"{k} (checkpoint {changed[k][0]!r}, now {changed[k][1]!r})" for k in keys)
+
+    model = [k for k in changed if k.startswith("model.") and k not in RESUMABLE]
+    if model:
+        raise ConfigError(f"--resume: the model differs from the checkpoint's: {listed(model)}. The checkpoint's "
+                          "weights are that model's: resume with its settings (its config is in the run's "
+                          "config.yaml), or start a new run with another --train.name")
+    other = [k for k in changed if k not in RESUMABLE and not k.startswith("model.")]
+    if other and not allow:
+        raise ConfigError(f"--resume: settings differ from the checkpoint's: {listed(other)}. They change the "
+                          "data order or the numerics of the run being continued. Pass the checkpoint's values, "
+                          "add --allow-changes to continue with the new ones, or start a new run with another "
+                          "--train.name")
+    for k, (a, b) in changed.items():
+        log(f"resume: {k} {a!r} -> {b!r}")
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -72,6 +129,10 @@ def resolve_precision(p: str) -> str:
     choices = {"auto": None, "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
     if p not in choices:
         raise ConfigError(f"train.precision must be one of {', '.join(choices)}, got {p!r}")
+    if p == "fp16" and not torch.cuda.is_available():
+        # accelerate ignores fp16 on CPU and trains in fp32, while the run would be labelled fp16
+        raise ConfigError("train.precision fp16 needs a CUDA GPU (on CPU accelerate trains in fp32 instead); "
+                          "use fp32 or bf16 here")
     return choices[p] or ("bf16" if torch.cuda.is_available() else "no")
 
 
@@ -121,19 +182,23 @@ def check_finite(pending: list[tuple[int, torch.Tensor, torch.Tensor]], last_ckp
         if not good:
             raise Diverged(f"loss {loss.item()} / grad norm {gnorm.item()} at step {step} is not finite; "
                            f"stopping. The last good checkpoint is {last_ckpt or 'none (none was saved)'}; "
-                           "nothing was saved after the divergence. Lower optim.lr or raise warmup.")
+                           "nothing was saved after the divergence. Lower optim.lr or raise warmup.", step)
 
 
 def main(argv: list[str] | None = None) -> dict:
     t_launch = time.time()
     args, overrides = parse_args(argv)
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(args.config, overrides, args.flags)
     if args.backend:
         cfg.model.backend = args.backend
     if args.fuse:
         cfg.model.fuse = args.fuse
     tc = cfg.train
     precision = resolve_precision(tc.precision)
+    if args.allow_changes and not args.resume:
+        raise ConfigError("--allow-changes applies only with --resume")
+    with torch.device("meta"):   # family, backends and shapes checked in ms, before any data is downloaded
+        build_model(cfg.model)
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # left out, each process trained alone and they raced for the same run folder
     accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
@@ -156,6 +221,19 @@ def main(argv: list[str] | None = None) -> dict:
     elif latest_checkpoint(run_dir) is not None:
         raise FileExistsError(f"{run_dir} already holds checkpoints; pass --resume to continue it or "
                               "choose another --train.name")
+    if resume_from is not None:
+        saved = read_state(resume_from)
+        check_resume_config(saved.get("config"), cfg, args.allow_changes, log)
+        if saved["step"] >= tc.max_steps:    # before config.yaml or the metrics are touched
+            log(f"{resume_from} is at step {saved['step']} and train.max_steps is {tc.max_steps}: nothing to "
+                "train. Raise --train.max_steps to continue the run.")
+            return {"steps": saved["step"], "checkpoint": str(resume_from)}
+        if "config" in saved and saved["config"]["train"]["max_steps"] != tc.max_steps:
+            was = copy.deepcopy(cfg)
+            was.train.max_steps = saved["config"]["train"]["max_steps"]
+            log(f"resume: the cosine schedule now ends at step {tc.max_steps}, not {was.train.max_steps}: the lr "
+                f"at step {saved['step']} moves from {lr_at(saved['step'], was):.3g} to "
+                f"{lr_at(saved['step'], cfg):.3g}")
 
     with accelerator.main_process_first():
         train_store = prepare_split(cfg.data, "train", log=log)
@@ -181,6 +259,10 @@ def main(argv: list[str] | None = None) -> dict:
         state = load_checkpoint(accelerator, resume_from)
         step, last_ckpt = state["step"], str(resume_from)
         log(f"resumed from {resume_from} at step {step}")
+        if main_proc:
+            for moved in supersede_after(run_dir, step, resume_from):
+                log(f"resume: {moved.name} is after the resumed step; moved to {moved.parent}")
+        accelerator.wait_for_everyone()
     if main_proc:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir / "config.yaml")
@@ -188,13 +270,18 @@ def main(argv: list[str] | None = None) -> dict:
                 "params": n_params, "backends": [{"layer": i, "op": o, "backend": b} for i, o, b in backends],
                 **environment(device)}
         (run_dir / "run.json").write_text(json.dumps(info, indent=1))
-    metrics = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=step) if main_proc else None
+    metrics = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=step, log=log) if main_proc else None
     per_layer = sorted({f"{o}={b}" for _, o, b in backends})
     log(f"{cfg.model.family}: {n_params / 1e6:.2f}M params, layers' ops: {', '.join(per_layer)} "
         f"(x{cfg.model.n_layers}); {accelerator.num_processes} process(es) on {device}, precision {precision}; "
         f"{tokens_per_step:,} tokens/step")
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
+    if val_store is not None:
+        asked, held = tc.eval_batches * tc.micro_batch_size, (len(val_store) - 1) // cfg.data.seq_len
+        if held < asked:
+            log(f"validation: the split holds {held} windows of {cfg.data.seq_len} tokens, fewer than the "
+                f"{asked} that train.eval_batches x micro_batch_size ask for; all {held} are scored")
 
     peak = peak_flops(device, precision)
     pending: list = []
@@ -255,7 +342,8 @@ def main(argv: list[str] | None = None) -> dict:
                 val = evaluate(model, val_store, cfg, accelerator)
                 if metrics:
                     metrics.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
-                bar.write(f"step {step}: val loss {val:.4f}" + (f" (entropy rate {entropy:.4f})" if entropy else ""))
+                if main_proc:
+                    bar.write(f"step {step}: val loss {val:.4f}" + (f" (entropy rate {entropy:.4f})" if entropy else ""))
                 result["val_loss"] = val
 
             if (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last:
@@ -266,9 +354,16 @@ def main(argv: list[str] | None = None) -> dict:
     except Diverged as e:
         bar.close()
         if metrics:
-            metrics.write({"step": step, "error": str(e)})
+            metrics.write({"step": e.step, "error": str(e)})
             metrics.close()
         raise
+    except KeyboardInterrupt:
+        bar.close()
+        if metrics:
+            metrics.close()
+        where = f"the last checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved"
+        raise Interrupted(f"interrupted at step {step}; {where}. Continue with the same command and --resume"
+                          if last_ckpt else f"interrupted at step {step}; {where}") from None
     bar.close()
     if metrics:
         metrics.close()
@@ -281,7 +376,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ConfigError, BackendError, Diverged, FileExistsError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    run_cli(main)

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from utils.errors import UserError
+
+
+class DataSourceError(UserError, ValueError):
+    """A data source that cannot be read as given (printed without a traceback)."""
+
 
 @dataclass
 class SyntheticConfig:

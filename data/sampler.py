@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from data.shards import TokenStore
+from data.shards import ShardError, TokenStore
 
 
 class BatchSampler:
@@ -23,7 +23,7 @@ class BatchSampler:
         self.store, self.T = store, seq_len
         self.n_windows = (len(store) - 1) // seq_len
         if self.n_windows < 1:
-            raise ValueError(f"{store.folder}: {len(store)} tokens is too few for seq_len {seq_len}")
+            raise ShardError(f"{store.folder}: {len(store)} tokens is too few for seq_len {seq_len}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of {world_size}")
         self.mb, self.accum, self.world, self.rank, self.seed = micro_batch, grad_accum, world_size, rank, seed
@@ -61,7 +61,8 @@ def windows_to_batch(store: TokenStore, windows: list[int], T: int) -> tuple[tor
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
-def _eval_windows(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int) -> int:
+def eval_windows(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int) -> int:
+    """Windows validation scores: n_batches·micro_batch, or all the split holds if that is fewer."""
     return min(n_batches * micro_batch, (len(store) - 1) // seq_len)
 
 
@@ -69,12 +70,12 @@ def eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: i
                  world_size: int = 1, rank: int = 0):
     """The first n_batches·micro_batch windows in stream order, this rank's share, batched: the same
     windows whatever the world size, so validation losses compare across GPU counts."""
-    mine = list(range(rank, _eval_windows(store, seq_len, micro_batch, n_batches), world_size))
+    mine = list(range(rank, eval_windows(store, seq_len, micro_batch, n_batches), world_size))
     for i in range(0, len(mine), micro_batch):
         yield windows_to_batch(store, mine[i:i + micro_batch], seq_len)
 
 
 def max_eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int, world_size: int = 1) -> int:
     """The most batches eval_batches gives any rank (rank 0's share is never smaller than another's)."""
-    share = len(range(0, _eval_windows(store, seq_len, micro_batch, n_batches), world_size))
+    share = len(range(0, eval_windows(store, seq_len, micro_batch, n_batches), world_size))
     return -(-share // micro_batch)

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from utils.errors import UserError
+
 FORMAT_VERSION = 1
 MAX_SHARD_TOKENS = 1 << 27  # 256 MB of uint16 per shard
 
 
-class ShardError(RuntimeError):
+class ShardError(UserError, RuntimeError):
     pass
 
 

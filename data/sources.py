@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.config import DataSourceError
+
 SPLITS = ("train", "valid", "test")
 _LOCAL_NAMES = {
     "train": ("wiki.train.raw", "train.txt", "train.raw", "train"),
@@ -42,11 +44,11 @@ def parse_source(spec: str) -> Source:
     if spec.startswith("hf:"):
         parts = spec[3:].split(":")
         if not parts[0] or len(parts) > 2:
-            raise ValueError(f"bad hub source {spec!r}; expected hf:NAME or hf:NAME:CONFIG")
+            raise DataSourceError(f"bad hub source {spec!r}; expected hf:NAME or hf:NAME:CONFIG")
         return Source("hf", parts[0], parts[1] if len(parts) == 2 else None)
     path = spec[len("local:"):] if spec.startswith("local:") else spec
     if not path or not Path(path).is_dir():
-        raise ValueError(f"data source {spec!r} is neither 'synthetic', 'hf:NAME[:CONFIG]' nor an "
+        raise DataSourceError(f"data source {spec!r} is neither 'synthetic', 'hf:NAME[:CONFIG]' nor an "
                          "existing directory (local:DIR)")
     return Source("local", str(Path(path).resolve()))
 
@@ -86,7 +88,7 @@ def load_text(src: Source, split: str):
                 f"Face hub: {type(e).__name__}: {e}. Offline, point --data.source (and "
                 "--data.eval_source) at a local directory of text files instead.") from e
         if "text" not in ds.column_names:
-            raise ValueError(f"{src.name}: no 'text' column (columns: {ds.column_names})")
+            raise DataSourceError(f"{src.name}: no 'text' column (columns: {ds.column_names})")
         return ds.select_columns(["text"])
     raise ValueError(f"source kind {src.kind!r} has no text")
 

@@ -12,15 +12,15 @@ from functools import cached_property
 
 import numpy as np
 
-from data.config import SyntheticConfig
+from data.config import DataSourceError, SyntheticConfig
 
 
 class MarkovSource:
     def __init__(self, cfg: SyntheticConfig):
         if cfg.order < 1 or cfg.vocab_size < 2:
-            raise ValueError("synthetic source needs order ≥ 1 and vocab_size ≥ 2")
+            raise DataSourceError("synthetic source needs order ≥ 1 and vocab_size ≥ 2")
         if cfg.vocab_size ** cfg.order > 2 ** 22:
-            raise ValueError(f"synthetic source: {cfg.vocab_size}^{cfg.order} contexts is too many")
+            raise DataSourceError(f"synthetic source: {cfg.vocab_size}^{cfg.order} contexts is too many")
         self.cfg = cfg
         self.V, self.k = cfg.vocab_size, cfg.order
         rng = np.random.default_rng([cfg.seed, 0])

@@ -13,13 +13,15 @@ from pathlib import Path
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
+from utils.errors import UserError
+
 ENV_VAR = "CHUNKFUSE_GPT2_BPE"
 EOT = 50256
 # tiktoken's GPT-2 split pattern (see ../shared/data/README.md).
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-class TokenizerUnavailable(RuntimeError):
+class TokenizerUnavailable(UserError, RuntimeError):
     pass
 
 

@@ -2,10 +2,13 @@
 and every parameter gradient compared with the fp32 naive model.
 
     python -m eval.equivalence --config configs/gla_125m.yaml --backends chunk --n-layers 2
+    TRITON_INTERPRET=1 python -m eval.equivalence --config configs/gla_125m.yaml --backends chunk \
+        --n-layers 2 --seq-len 128 --batch 1     # on a CPU: Triton's interpreter, a few minutes
 
 In bf16 a backend is judged against PyTorch's own bf16 error on the same model: the naive backend
 under the same autocast, compared with the fp32 naive model. A backend is equivalent when each of
-its errors is at most twice that, plus 1e-3 of bf16 rounding slack (STYLE.md §7).
+its errors is at most twice that, plus 1e-3 of bf16 rounding slack. On a CPU everything runs in fp32,
+and a backend must agree with the naive model to 1e-4.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 
 from model import build_model
 from model.config import ModelConfig
+from utils.cli import run_cli
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -74,7 +78,15 @@ def within_bf16_bound(errs: dict, label: str, allowance: dict[str, float] | None
                   if not e <= 2 * base["grads"][n] + slack(n)]
 
 
-def main() -> None:
+def check_backends(cfg: ModelConfig, backends: list[str]) -> None:
+    """Resolve each backend's ops (a model on the meta device) before the fp32 reference run, which takes minutes
+    at full length on a CPU: a backend that cannot run here fails at once, with its BackendError."""
+    with torch.device("meta"):
+        for b in backends:
+            build_model(dataclasses.replace(cfg, backend=b))
+
+
+def main(argv: list[str] | None = None) -> None:
     from config import load_config
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,7 +97,7 @@ def main() -> None:
     p.add_argument("--n-layers", type=int, default=2, help="layers to keep (the check is per layer)")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=2048)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     state = None
     if args.ckpt:
         from eval.perplexity import load_model
@@ -98,7 +110,9 @@ def main() -> None:
     else:
         p.error("one of --config or --ckpt is required")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    errs = compare(cfg, args.backends.split(","), args.batch, args.seq_len, device, state=state)
+    backends = args.backends.split(",")
+    check_backends(cfg, backends)
+    errs = compare(cfg, backends, args.batch, args.seq_len, device, state=state)
     names = list(next(iter(errs.values()))["grads"])
     labels = list(errs)
     print(f"{'vs fp32 naive':<40}" + "".join(f"{lab:>14}" for lab in labels))
@@ -109,11 +123,12 @@ def main() -> None:
     for lab in labels:
         if "naive bf16" in errs and lab != "naive bf16":
             bad = within_bf16_bound(errs, lab)
-            print(f"{lab}: {'equivalent within 2 × naive bf16 + 1e-3' if not bad else 'NOT equivalent: ' + '; '.join(bad)}")
+            verdict = "equivalent within 2 × naive bf16 + 1e-3" if not bad else "NOT equivalent: " + "; ".join(bad)
+            print(f"{lab}: {verdict}")
         elif "naive bf16" not in errs:
             worst = max([errs[lab]["logits"], *errs[lab]["grads"].values()])
             print(f"{lab} (fp32): largest relative error {worst:.1e} ({'within' if worst <= 1e-4 else 'OVER'} 1e-4)")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

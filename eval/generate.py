@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -22,7 +23,9 @@ if __package__ in (None, ""):  # `python eval/generate.py` puts eval/ first on t
 import torch
 from tqdm import tqdm
 
+from config import ConfigError
 from eval.perplexity import load_model
+from utils.cli import run_cli
 
 
 @torch.no_grad()
@@ -44,6 +47,28 @@ def sample(model: torch.nn.Module, idx: torch.Tensor, max_new_tokens: int, windo
     return idx
 
 
+def prompt_ids(prompt: str, vocab_size: int, encode: Callable[[str], list[int]] | None) -> list[int]:
+    """The prompt's token ids: encoded text, or with no tokenizer (synthetic data) the ids themselves, each
+    checked against the model's vocabulary (the embedding would fail on one outside it with a bare IndexError)."""
+    hint = f"give space-separated token ids below vocab_size {vocab_size}, e.g. --prompt \"3 1 4\""
+    if encode is not None:
+        ids, what = encode(prompt), "the prompt encodes to token ids"
+    else:
+        try:
+            ids = [int(t) for t in prompt.split()]
+        except ValueError:
+            raise ConfigError(f"--prompt {prompt!r}: this model was trained on synthetic data, which has no text "
+                              f"tokenizer; {hint}") from None
+        what = "--prompt has token ids"
+    if not ids:
+        raise ConfigError(f"--prompt {prompt!r} gives no tokens" + ("" if encode else f"; {hint}"))
+    bad = sorted({i for i in ids if not 0 <= i < vocab_size})
+    if bad:
+        raise ConfigError(f"{what} {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''} outside the "
+                          f"model's vocabulary (ids 0 to {vocab_size - 1}, model.vocab_size {vocab_size})")
+    return ids
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint folder, or a run folder (its latest checkpoint)")
@@ -55,18 +80,19 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", help="generate with another backend than the one trained with")
     args = p.parse_args(argv)
+    if args.max_new_tokens < 0 or args.num_samples < 1 or args.temperature < 0 or args.top_k < 0:
+        raise ConfigError("--max_new_tokens, --temperature and --top_k must be ≥ 0 and --num_samples ≥ 1, got "
+                          f"{args.max_new_tokens}, {args.temperature}, {args.top_k} and {args.num_samples}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, cfg, _ = load_model(args.ckpt, args.backend, device)
-    synthetic = cfg.data.source == "synthetic"
-    if synthetic:
-        ids, decode = [int(t) for t in args.prompt.split()], (lambda toks: " ".join(map(str, toks)))
+    if cfg.data.source == "synthetic":
+        encode, decode = None, (lambda toks: " ".join(map(str, toks)))
     else:
         from data.tokenizer import get_tokenizer
 
         enc = get_tokenizer(cfg.data.tokenizer_file or None)
-        ids, decode = enc.encode_ordinary(args.prompt), enc.decode
-    if not ids:
-        raise SystemExit("error: the prompt encodes to no tokens")
+        encode, decode = enc.encode_ordinary, enc.decode
+    ids = prompt_ids(args.prompt, cfg.model.vocab_size, encode)
     idx = torch.tensor([ids] * args.num_samples, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     bf16 = device == "cuda" and cfg.train.precision in ("auto", "bf16")    # sample as trained
@@ -80,4 +106,4 @@ def main(argv: list[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

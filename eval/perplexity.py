@@ -14,8 +14,12 @@ get `<|endoftext|>` prepended so that every token of the text is scored.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import hashlib
 import json
 import math
+import re
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,10 +32,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from config import Config, config_from_dict, parse_overrides, set_dotted
+from config import Config, ConfigError, config_from_dict, parse_overrides, set_dotted
+from data.config import DataConfig, DataSourceError
 from data.prepare import prepare_split
+from data.sources import parse_source
 from model import build_model
 from utils.checkpoint import STATE_FILE, WEIGHTS_FILE, resolve_checkpoint
+from utils.cli import run_cli
 
 
 def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch.device = "cpu",
@@ -52,7 +59,7 @@ def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch
 def window_plan(n_inputs: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
     """(start, end, first_scored) per window: inputs [start, end), scoring inputs [first_scored, end)."""
     if not 0 < stride <= seq_len:
-        raise ValueError(f"stride must be in (0, seq_len={seq_len}], got {stride}")
+        raise ConfigError(f"--stride must be between 1 and the window length {seq_len} (--seq_len), got {stride}")
     plan, scored_to, start = [], 0, 0
     while scored_to < n_inputs:
         end = min(start + seq_len, n_inputs)
@@ -110,6 +117,44 @@ def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, ba
             "entropy_rate": store.meta.get("entropy_rate")}
 
 
+def split_data(data: DataConfig, split: str) -> dict:
+    """What decides the tokens of `split` under `data`: its source, and the Markov source's settings for
+    synthetic data. The cache folder and the tokenizer file's path are left out: they do not change the text."""
+    spec = data.source if split == "train" or not data.eval_source else data.eval_source
+    try:
+        src = dataclasses.asdict(parse_source(spec))  # `DIR`, `local:DIR` and a relative path name one source
+    except DataSourceError:  # a folder of the training machine, say: compare the text of the spec
+        src = {"spec": spec}
+    if src.get("kind") == "synthetic":
+        s = dataclasses.asdict(data.synthetic)
+        s.pop("eval_tokens" if split == "train" else "train_tokens")
+        src["synthetic"] = s
+    return src
+
+
+def data_tag(data: DataConfig, trained: DataConfig, split: str) -> str:
+    """'' when `split` under `data` is the split the checkpoint's own config names; else a short tag of the
+    source, so that a result on other data gets its own default file instead of replacing the standard one."""
+    src = split_data(data, split)
+    if src == split_data(trained, split):
+        return ""
+    name = src.get("config") or src.get("name") or src.get("kind") or src["spec"]
+    name = re.sub(r"[^\w.-]+", "_", name.rstrip("/").rsplit("/", 1)[-1])[-40:]
+    digest = hashlib.sha256(json.dumps(src, sort_keys=True).encode()).hexdigest()[:6]
+    return f"{name}-{digest}"
+
+
+def check_window(model: torch.nn.Module, cfg: Config, seq_len: int, stride: int, batch_size: int) -> None:
+    """The window settings, checked before any data is prepared (tokenizing a split can take minutes)."""
+    if seq_len < 1 or batch_size < 1:
+        raise ConfigError(f"--seq_len and --batch_size must be positive, got {seq_len} and {batch_size}")
+    window_plan(0, seq_len, stride)  # its stride check, with no windows to plan
+    if getattr(model, "pos_embed", None) is not None and seq_len > cfg.model.max_seq_len:
+        raise ConfigError(f"windows of {seq_len} tokens are longer than this model's learned positions "
+                          f"(model.max_seq_len {cfg.model.max_seq_len}); pass --seq_len {cfg.model.max_seq_len} "
+                          "or less")
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", required=True, help="checkpoint folder, or a run folder (its latest checkpoint)")
@@ -118,18 +163,24 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--stride", type=int, default=0, help="window stride (default: seq_len, non-overlapping)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--backend", help="evaluate with another backend than the one trained with")
-    p.add_argument("--out", help="JSON output (default: <checkpoint>/eval_<split>_<seq_len>_<stride>.json)")
+    p.add_argument("--out", help="JSON output (default: <checkpoint>/eval_<split>_<seq_len>_<stride>.json, with "
+                   "_<source tag> before .json when --data.* overrides change the split's data)")
     args, rest = p.parse_known_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, cfg, path = load_model(args.ckpt, args.backend, device)
+    trained = copy.deepcopy(cfg.data)
     for k, v in parse_overrides(rest):
         if not k.startswith("data."):
-            raise SystemExit(f"error: only --data.* overrides apply to evaluation, got --{k}")
+            raise ConfigError(f"only --data.* overrides apply to evaluation, got --{k}")
         set_dotted(cfg, k, v)
     seq_len = args.seq_len or cfg.data.seq_len
     stride = args.stride or seq_len
+    check_window(model, cfg, seq_len, stride, args.batch_size)
+    tag = data_tag(cfg.data, trained, args.split)
+    out = Path(args.out) if args.out else path / f"eval_{args.split}_{seq_len}_{stride}{'_' + tag if tag else ''}.json"
+    if not out.parent.is_dir():  # found out now rather than after the evaluation
+        raise FileNotFoundError(f"--out {out}: folder {out.parent} does not exist")
     result = {"checkpoint": str(path), **evaluate_split(model, cfg, args.split, seq_len, stride, args.batch_size)}
-    out = Path(args.out) if args.out else path / f"eval_{args.split}_{seq_len}_{stride}.json"
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     print(f"wrote {out}")
@@ -137,4 +188,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

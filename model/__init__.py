@@ -5,7 +5,7 @@ import importlib
 
 import torch.nn as nn
 
-from model.config import ModelConfig
+from model.config import ModelConfig, ModelConfigError
 
 FAMILIES = {"gla": "model.gla", "gated_deltanet": "model.gated_deltanet", "mamba2": "model.mamba2",
             "gpt2": "model.gpt2"}
@@ -13,5 +13,5 @@ FAMILIES = {"gla": "model.gla", "gated_deltanet": "model.gated_deltanet", "mamba
 
 def build_model(cfg: ModelConfig) -> nn.Module:
     if cfg.family not in FAMILIES:
-        raise ValueError(f"unknown model family {cfg.family!r}; families: {', '.join(FAMILIES)}")
+        raise ModelConfigError(f"unknown model family {cfg.family!r}; families: {', '.join(FAMILIES)}")
     return importlib.import_module(FAMILIES[cfg.family]).build(cfg)

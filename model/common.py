@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.config import ModelConfig
+from model.config import ModelConfig, ModelConfigError
 from model.loss import linear_cross_entropy
 from ops import BackendError, fused_label, get_op, parse_fuse
 from ops.common.short_conv import short_conv_ref
@@ -165,7 +165,7 @@ class CausalLM(nn.Module):
         x = self.embed(idx)                                              # [B, T, d]
         if self.pos_embed is not None:
             if idx.shape[1] > self.cfg.max_seq_len:
-                raise ValueError(f"sequence of {idx.shape[1]} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
+                raise ModelConfigError(f"sequence of {idx.shape[1]} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
             x = x + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)

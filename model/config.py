@@ -3,6 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from utils.errors import UserError
+
+
+class ModelConfigError(UserError, ValueError):
+    """A model setting the model cannot be built with (printed without a traceback)."""
+
 
 @dataclass
 class ModelConfig:

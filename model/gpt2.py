@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.common import CausalLM, resolve_op
-from model.config import ModelConfig
+from model.config import ModelConfig, ModelConfigError
 
 
 class GeluMLP(nn.Module):
@@ -34,7 +34,7 @@ class MHA(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
-            raise ValueError(f"gpt2: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+            raise ModelConfigError(f"gpt2: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
         self.H, self.D = cfg.n_heads, cfg.d_model // cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
@@ -56,7 +56,7 @@ class RAMLA(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         if cfg.d_model % cfg.n_heads:
-            raise ValueError(f"gpt2: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+            raise ModelConfigError(f"gpt2: d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
         self.H, self.D, self.L, self.W = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.latent_dim, cfg.ra_window
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model)                    # W_q
         self.kd_proj = nn.Linear(cfg.d_model, self.L)                        # W_kd
@@ -96,7 +96,7 @@ MIXERS = {"mha": MHA, "ramla": RAMLA}
 
 def build(cfg: ModelConfig) -> CausalLM:
     if cfg.attention not in MIXERS:
-        raise ValueError(f"gpt2: unknown attention {cfg.attention!r}; choose one of {', '.join(MIXERS)}")
+        raise ModelConfigError(f"gpt2: unknown attention {cfg.attention!r}; choose one of {', '.join(MIXERS)}")
     return CausalLM(cfg, MIXERS[cfg.attention], make_mlp=lambda c: GeluMLP(c.d_model, c.mlp_hidden or 4 * c.d_model),
                     norm=lambda: nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps), learned_positions=True)
 

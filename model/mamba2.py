@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_chain
-from model.config import ModelConfig
+from model.config import ModelConfig, ModelConfigError
 
 
 class Mamba2Mixer(nn.Module):
@@ -23,7 +23,7 @@ class Mamba2Mixer(nn.Module):
         super().__init__()
         d_inner = cfg.expand * cfg.d_model
         if d_inner % cfg.ssm_head_dim:
-            raise ValueError(f"mamba2: d_inner {d_inner} is not a multiple of ssm_head_dim {cfg.ssm_head_dim}")
+            raise ModelConfigError(f"mamba2: d_inner {d_inner} is not a multiple of ssm_head_dim {cfg.ssm_head_dim}")
         self.d_inner, self.P, self.N, self.G = d_inner, cfg.ssm_head_dim, cfg.ssm_state, cfg.ssm_groups
         self.H = d_inner // self.P
         conv_dim = d_inner + 2 * self.G * self.N

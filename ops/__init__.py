@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from utils.errors import UserError
+
 BACKENDS = ("naive", "chunk", "fused", "fla")
 # DESIGN §4. `proj` is the layer-level ops ops/proj_* (issue [H]) that a mixer resolves beside its own op
 # (model.common.resolve_proj), so a mixer op is never asked for it; `state` and `chunk` live in the mixer ops.
@@ -26,7 +28,7 @@ FUSE_COMPONENTS = ("proj", "state", "chunk")
 _ROOT = Path(__file__).parent
 
 
-class BackendError(RuntimeError):
+class BackendError(UserError, RuntimeError):
     pass
 
 
@@ -72,8 +74,9 @@ def get_op(op: str, backend: str, fuse: frozenset[str] | None = None) -> Callabl
                            f"{backend!r}; add --backend fused or drop --fuse")
     lacking = sorted((fuse - {"proj"}) - set(module.COMPONENTS))
     if lacking:
+        has = (f"has: {', '.join(module.COMPONENTS)}" if module.COMPONENTS else "has no fused components to choose")
         raise BackendError(f"op {op!r}, backend 'fused': no fused {', '.join(lacking)} component yet "
-                           f"(ops/{op}/fused.py has: {', '.join(module.COMPONENTS)}); drop it from --fuse")
+                           f"(ops/{op}/fused.py {has}); drop it from --fuse")
     return module.build(fuse)
 
 
@@ -107,9 +110,10 @@ def require_fla(op: str) -> None:
     import torch
 
     if importlib.util.find_spec("fla") is None:
-        raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention is not installed; "
-                           "pip install -e '.[fla]' (offline: the fla wheels in ../shared/wheels) or "
-                           "choose another --backend")
+        raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention is not installed. Install it with "
+                           "pip install \"flash-linear-attention>=0.6.0\" (or pip install -e \".[fla]\" in this "
+                           "checkout; on a machine without internet, install its wheels with pip), or choose another "
+                           "--backend")
     if not torch.cuda.is_available():
         raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention's kernels need a CUDA GPU; "
                            "on this machine use --backend naive")

@@ -42,3 +42,36 @@ def test_unknown_yaml_key_is_an_error(tmp_path):
     p.write_text("model:\n  n_layer: 2\n")
     with pytest.raises(ConfigError, match="bad.yaml.*'model.n_layer'.*did you mean 'n_layers'"):
         load_config(p)
+
+
+@pytest.mark.parametrize("raw", ["off", "0123", "null", "true", "1e3", "[a]"])
+def test_text_fields_keep_the_text_as_typed(raw):
+    # YAML reads these as False, 83, None, True, 1000.0 and a list; a run named by str() of that went elsewhere
+    cfg = load_config("configs/smoke.yaml", [f"--train.name={raw}", f"--data.cache_dir={raw}"])
+    assert cfg.train.name == raw and cfg.data.cache_dir == raw
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--train.grad_accum=0"], "'train.grad_accum' must be >= 1, got 0"),
+    (["--train.max_steps=-1"], "'train.max_steps' must be >= 1"),
+    (["--train.micro_batch_size=0"], "'train.micro_batch_size' must be >= 1"),
+    (["--train.log_interval=0"], "'train.log_interval' must be >= 1"),
+    (["--train.name="], "'train.name' must be a folder name"),
+    (["--optim.lr=0"], "'optim.lr' must be > 0"),
+    (["--optim.beta2=1"], r"'optim.beta2' must be in \[0, 1\)"),
+    (["--data.seq_len=0"], "'data.seq_len' must be >= 1"),
+])
+def test_values_out_of_range_are_errors(args, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("configs/smoke.yaml", args)
+
+
+def test_zero_disables_where_documented():
+    cfg = load_config("configs/smoke.yaml", ["--train.eval_interval=0", "--train.ckpt_interval=0",
+                                             "--train.keep_ckpts=0", "--optim.grad_clip=0", "--optim.warmup_steps=0"])
+    assert cfg.train.eval_interval == 0 and cfg.optim.grad_clip == 0
+
+
+def test_a_mistyped_script_option_is_named():
+    with pytest.raises(ConfigError, match="unknown option '--bakend': did you mean --backend"):
+        load_config("configs/smoke.yaml", ["--bakend", "naive"], flags=["--backend", "--config"])

@@ -14,8 +14,11 @@ from accelerate.state import AcceleratorState, GradientState
 
 import train
 from scripts import plot_run
+from config import ConfigError
 from ops import BackendError
-from utils.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from utils.checkpoint import STATE_FILE, latest_checkpoint, load_checkpoint, save_checkpoint, supersede_after
+from utils.errors import UserError
+from utils.runinfo import JsonlWriter
 
 
 @pytest.fixture(autouse=True)
@@ -78,15 +81,137 @@ def test_existing_run_needs_resume(tmp_path):
         train.main(tiny(tmp_path, "r", "--train.max_steps=2"))
 
 
+def reset():
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_resume_refuses_settings_that_change_the_run(tmp_path):
+    train.main(tiny(tmp_path, "c", "--train.max_steps=6"))
+    run = tmp_path / "runs" / "c"
+    saved = (run / "config.yaml").read_text()
+    reset()
+    with pytest.raises(ConfigError, match=r"train.seed \(checkpoint 1337, now 5\).*--allow-changes"):
+        train.main(tiny(tmp_path, "c", "--train.seed=5") + ["--resume"])
+    reset()
+    with pytest.raises(ConfigError, match=r"model differs.*model.d_model \(checkpoint 32, now 64\)"):
+        train.main(tiny(tmp_path, "c", "--model.d_model=64") + ["--resume", "--allow-changes"])
+    assert (run / "config.yaml").read_text() == saved          # the run's record is untouched
+    reset()
+    out = train.main(tiny(tmp_path, "c", "--train.seed=5", "--optim.lr=1e-3") + ["--resume", "--allow-changes"])
+    assert out["steps"] == 12 and "seed: 5" in (run / "config.yaml").read_text()
+
+
+def test_resume_may_change_backend_and_length(tmp_path, capsys):
+    train.main(tiny(tmp_path, "l", "--train.max_steps=6"))
+    reset()
+    out = train.main(tiny(tmp_path, "l", "--train.max_steps=9", "--train.log_interval=3") + ["--resume"])
+    assert out["steps"] == 9
+    assert "the cosine schedule now ends at step 9, not 6" in capsys.readouterr().out
+
+
+def test_resuming_a_finished_run_says_so_and_touches_nothing(tmp_path, capsys):
+    train.main(tiny(tmp_path, "f", "--train.max_steps=6"))
+    run = tmp_path / "runs" / "f"
+    before = {p.name: p.read_bytes() for p in (run / "config.yaml", run / "metrics.jsonl")}
+    reset()
+    out = train.main(tiny(tmp_path, "f", "--train.max_steps=6") + ["--resume"])
+    assert out["steps"] == 6 and "nothing to train" in capsys.readouterr().out
+    assert before == {p.name: p.read_bytes() for p in (run / "config.yaml", run / "metrics.jsonl")}
+
+
+def test_resume_from_an_older_checkpoint_moves_the_newer_aside(tmp_path):
+    train.main(tiny(tmp_path, "o", "--train.keep_ckpts=3"))
+    run = tmp_path / "runs" / "o"
+    old12 = (run / "checkpoints" / "step_00000012" / STATE_FILE).read_bytes()
+    reset()
+    train.main(tiny(tmp_path, "o", "--train.keep_ckpts=3", "--train.max_steps=9", "--train.ckpt_interval=3")
+               + ["--resume", str(run / "checkpoints" / "step_00000006")])
+    aside = list(run.glob("checkpoints/superseded-*/step_00000012"))
+    assert len(aside) == 1 and (aside[0] / STATE_FILE).read_bytes() == old12      # moved, not deleted
+    assert latest_checkpoint(run).name == "step_00000009"
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == list(range(1, 10))          # one history: the old branch's steps 10-12 are gone
+
+
+def test_supersede_points_latest_at_what_is_left(tmp_path):
+    root = tmp_path / "checkpoints"
+    for s in (3, 6, 9):
+        (root / f"step_{s:08d}").mkdir(parents=True)
+        (root / f"step_{s:08d}" / STATE_FILE).write_text("{}")
+    (root / "latest").write_text("step_00000009")
+    assert [p.name for p in supersede_after(tmp_path, 3, root / "step_00000003")] == ["step_00000006", "step_00000009"]
+    assert latest_checkpoint(tmp_path).name == "step_00000003"
+    assert supersede_after(tmp_path, 3, root / "step_00000003") == []
+    other = tmp_path / "elsewhere" / "step_00000001"
+    supersede_after(tmp_path, 1, other)          # another run's checkpoint: latest falls back to what is left
+    assert not (root / "latest").exists() and latest_checkpoint(tmp_path) is None
+
+
+def test_torn_metrics_line_is_dropped_on_resume(tmp_path, capsys):
+    train.main(tiny(tmp_path, "t", "--train.max_steps=6"))
+    run = tmp_path / "runs" / "t"
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 2.2')                   # a crash mid-write
+    reset()
+    train.main(tiny(tmp_path, "t", "--train.max_steps=8") + ["--resume"])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))
+    assert "dropped a torn last line" in capsys.readouterr().out
+
+
+def test_a_corrupt_metrics_line_before_the_last_is_an_error(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, \n{"step": 3}\n')
+    with pytest.raises(UserError, match="line 2 is not JSON"):
+        JsonlWriter(path, truncate_after_step=3)
+    assert path.read_text().count("\n") == 3                 # left as it was
+
+
+def test_ctrl_c_names_the_last_checkpoint(tmp_path, monkeypatch):
+    real = train.lr_at
+
+    def interrupt_at_8(step, cfg):
+        if step == 8:
+            raise KeyboardInterrupt
+        return real(step, cfg)
+
+    monkeypatch.setattr(train, "lr_at", interrupt_at_8)
+    with pytest.raises(train.Interrupted, match=r"interrupted at step 8; the last checkpoint is .*step_00000006.*--resume"):
+        train.main(tiny(tmp_path, "k"))
+
+
+def test_names_are_checked_before_any_data_is_prepared(tmp_path):
+    with pytest.raises(BackendError, match="bogus"):
+        train.main(tiny(tmp_path, "b", "--model.backend=bogus"))
+    with pytest.raises(UserError, match="unknown model family 'transformer'"):
+        train.main(tiny(tmp_path, "b", "--model.family=transformer"))
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is real on a GPU")
+def test_fp16_without_a_gpu_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
+        train.main(tiny(tmp_path, "h", "--train.precision=fp16"))
+
+
+def test_fewer_validation_windows_than_asked_are_reported(tmp_path, capsys):
+    train.main(tiny(tmp_path, "v", "--train.max_steps=1", "--train.eval_batches=100"))
+    assert "the split holds 62 windows of 32 tokens, fewer than the 400" in capsys.readouterr().out
+
+
 def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
     train.main(tiny(tmp_path, "d", "--train.max_steps=6"))
     run = tmp_path / "runs" / "d"
     good = latest_checkpoint(run)
     AcceleratorState._reset_state(True)
     with pytest.raises(train.Diverged, match=r"not finite.*step_00000006"):
-        train.main(tiny(tmp_path, "d", "--optim.lr=inf", "--train.max_steps=12") + ["--resume"])
+        train.main(tiny(tmp_path, "d", "--optim.lr=inf", "--train.max_steps=12", "--train.log_interval=5")
+                   + ["--resume", "--allow-changes"])
     assert latest_checkpoint(run) == good
-    assert "error" in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    # step 7's inf update makes step 8's loss NaN; the check at the step-10 log finds it and names step 8
+    assert "error" in last and last["step"] == 8 and "at step 8" in last["error"]
 
 
 def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):

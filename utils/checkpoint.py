@@ -17,6 +17,8 @@ import json
 import os
 import re
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -95,6 +97,33 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def read_state(path: Path) -> dict:
+    """A checkpoint's trainer_state.json (step, config) without loading any tensor."""
+    return json.loads((Path(path) / STATE_FILE).read_text())
+
+
+def supersede_after(run_dir: Path, step: int, resumed: Path) -> list[Path]:
+    """Move the run's checkpoints after `step` into checkpoints/superseded-<time>-<random>/ and point `latest` at
+    `resumed` (or at the newest checkpoint left, if `resumed` is another run's): a run resumed from an older
+    checkpoint starts a new history there, and a later plain --resume must continue that one, not the old
+    branch. Nothing is deleted. Returns the moved folders' new paths."""
+    root = Path(run_dir) / "checkpoints"
+    newer = [p for p in complete_checkpoints(run_dir) if int(_STEP.match(p.name).group(1)) > step]
+    if not newer:
+        return []
+    aside = Path(tempfile.mkdtemp(prefix=f"superseded-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root))
+    moved = [Path(shutil.move(str(p), str(aside / p.name))) for p in newer]
+    if Path(resumed).parent.resolve() == root.resolve():
+        _write_atomic(root / "latest", Path(resumed).name)
+    else:
+        left = complete_checkpoints(run_dir)
+        if left:
+            _write_atomic(root / "latest", left[-1].name)
+        else:
+            (root / "latest").unlink(missing_ok=True)
+    return moved
 
 
 def load_checkpoint(accelerator, path: Path) -> dict:

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import torch
+
+from utils.errors import UserError
 
 # Dense bf16 tensor-core peaks (datasheet), for the MFU estimate. Unknown devices report no MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
@@ -61,14 +65,30 @@ def peak_memory_gb(device: torch.device) -> float:
 class JsonlWriter:
     """Appends one JSON object per line, flushed each time, so a crash loses nothing written."""
 
-    def __init__(self, path: Path, truncate_after_step: int | None = None):
+    def __init__(self, path: Path, truncate_after_step: int | None = None, log: Callable[[str], None] = print):
         self.path = Path(path)
         if truncate_after_step is not None and self.path.is_file():
             # a resumed run rewrites history after its checkpoint: drop rows the crash left behind
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= truncate_after_step]
-            self.path.write_text("".join(line + "\n" for line in keep))
+            keep = [line for line, row in self._rows(log) if row.get("step", 0) <= truncate_after_step]
+            tmp = self.path.with_name(self.path.name + ".tmp")     # a crash while rewriting keeps the old file
+            tmp.write_text("".join(line + "\n" for line in keep))
+            os.replace(tmp, self.path)
         self.f = open(self.path, "a")
+
+    def _rows(self, log: Callable[[str], None]) -> list[tuple[str, dict]]:
+        """(line, row) of every row. A crash mid-write (power loss, full disk) can tear the last line only: it is
+        dropped with a note. An unreadable line before the last is not ours to guess at, and is an error."""
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        rows = []
+        for i, line in enumerate(lines):
+            try:
+                rows.append((line, json.loads(line)))
+            except json.JSONDecodeError as e:
+                if i < len(lines) - 1:
+                    raise UserError(f"{self.path}: line {i + 1} is not JSON ({e}); fix or remove it, then resume "
+                                    "again") from None
+                log(f"{self.path}: dropped a torn last line (a crash mid-write): {line[:80]!r}")
+        return rows
 
     def write(self, row: dict) -> None:
         self.f.write(json.dumps(row) + "\n")

@@ -125,12 +125,15 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: 
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def check_triton_device() -> None:
-    """Triton kernels run on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1 (tests)."""
+def check_triton_device(op: str, backend: str) -> None:
+    """Triton kernels run on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1 (tests). op and backend are
+    what the user asked for, so that the error names them (one check serves every Triton op and backend)."""
     import os
 
     from ops import BackendError
 
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise BackendError("the 'chunk' backend runs Triton kernels, which need a CUDA GPU "
-                           "(or TRITON_INTERPRET=1 for slow CPU testing); on this machine use --backend naive")
+        # triton reads the variable when it is imported, so the remedy is the user's to apply, not ours
+        raise BackendError(f"op {op!r}, backend {backend!r}: its Triton kernels need a CUDA GPU. On this machine use "
+                           "--backend naive; for slow CPU testing, put TRITON_INTERPRET=1 in front of the command "
+                           "(TRITON_INTERPRET=1 python ...)")

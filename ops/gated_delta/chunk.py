@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk import CHUNK_SIZES, check_inputs
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import CHUNK_SIZES, check_inputs, check_triton_device
 from ops.common.chunk_intra import chunk_intra_bwd
 from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
 from ops.common.cumsum import chunk_cumsum
 from ops.common.delta_h import delta_h_bwd, delta_h_fwd
 from ops.common.wy import wy_bwd, wy_fwd
+
+
+def check_available() -> None:
+    check_triton_device("gated_delta", "chunk")
 
 
 class ChunkGatedDelta(torch.autograd.Function):

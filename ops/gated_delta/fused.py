@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.gated_delta.chunk import gated_delta
 
 COMPONENTS: tuple[str, ...] = ()
+
+
+def check_available() -> None:
+    check_triton_device("gated_delta", "fused")
 
 
 def build(fuse: frozenset[str]) -> Callable:

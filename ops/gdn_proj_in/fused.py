@@ -26,10 +26,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.common.short_conv import short_conv
 
 COMPONENTS = ("proj",)
+
+
+def check_available() -> None:
+    check_triton_device("gdn_proj_in", "fused")
 
 
 def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
-from ops.common.chunk import chunk_decay_attention
+from ops.common.chunk import check_triton_device, chunk_decay_attention
+
+
+def check_available() -> None:
+    check_triton_device("gla", "chunk")
 
 
 def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, state_segments, states_backward,
                               states_forward)
 from ops.common.chunk_h import chunk_fwd_h_from
@@ -38,6 +38,10 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)
 # backward, which recomputes the sub-blocks' states from it (chunk_h.chunk_fwd_h_from). C = 256 keeps a
 # quarter of the states C = 64 keeps, for one parallel state pass in the backward.
 SUB_BLOCK = 64
+
+
+def check_available() -> None:
+    check_triton_device("gla", "fused")
 
 
 def sub_block(chunk_size: int) -> int:

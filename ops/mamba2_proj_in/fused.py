@@ -17,10 +17,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.common.short_conv import short_conv
 
 COMPONENTS = ("proj",)
+
+
+def check_available() -> None:
+    check_triton_device("mamba2_proj_in", "fused")
 
 
 def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, conv_b: torch.Tensor | None,

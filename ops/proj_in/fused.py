@@ -51,7 +51,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.common.gemm import launch_gemm
 from ops.common.tiles import dot_precision
 from ops.proj_in.kernels import dgrad_kernel, gemm_in_kernel, gk_bwd_kernel, gk_fwd_kernel
@@ -68,6 +68,10 @@ GK_BWD = dict(BR=64, BN=128, num_warps=8)
 MAX_RANK = 64                                    # low [BR, L] and dlow stay in registers: L ≤ 64
 # Under TRITON_INTERPRET=1 (CPU tests): small gk tiles (the GEMMs' are ops.common.gemm.INTERPRET_TILES).
 INTERPRET_GK = dict(BR=16, BN=16)
+
+
+def check_available() -> None:
+    check_triton_device("proj_in", "fused")
 
 
 def _prune(configs, named_args, **kwargs):

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.common.gemm import launch_gemm
 from ops.common.tiles import dot_precision
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
@@ -64,6 +64,10 @@ TILE_ELEMS, TILE_WARPS, BWD_LOOP, BWD_MIN_ROWS = 4096, 8, 4, 32
 # Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that test sizes give several programs, ragged
 # edges and (BWD_LOOP) partial row blocks inside a program (the GEMM's: ops.common.gemm.INTERPRET_TILES).
 INTERPRET_TILE_ELEMS, INTERPRET_BWD_LOOP = 64, 2
+
+
+def check_available() -> None:
+    check_triton_device("proj_out", "fused")
 
 
 def _prune(configs, named_args, **kwargs):

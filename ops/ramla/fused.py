@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.common.chunk_h import _sm_count
 from ops.common.tiles import dot_precision
 from ops.ramla import far
@@ -47,6 +47,10 @@ HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_p
 FAR = "auto"
 FAR_KERNEL = "auto"              # SDPA's kernel for the far field: 'auto', 'cudnn' or 'flash' (far.choose)
 FAR_MIN_T = 8192
+
+
+def check_available() -> None:
+    check_triton_device("ramla", "fused")
 
 
 class FlashRAMLA(torch.autograd.Function):

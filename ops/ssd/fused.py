@@ -10,10 +10,14 @@ from collections.abc import Callable
 
 import torch
 
-from ops.common.chunk import check_triton_device as check_available  # noqa: F401
+from ops.common.chunk import check_triton_device
 from ops.ssd import chunk
 
 COMPONENTS = ("state",)
+
+
+def check_available() -> None:
+    check_triton_device("ssd", "fused")
 
 
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

@@ -85,6 +85,42 @@ def test_fla_backend_unavailable_is_an_error(monkeypatch):
         get_op("gla", "fla")
 
 
+TRITON_ON_CPU = [(op, b) for op in list_ops() for b in ("chunk", "fused") if b in list_backends(op)]
+
+
+@pytest.mark.parametrize("op, backend", TRITON_ON_CPU)
+def test_a_gpu_backend_on_cpu_names_the_op_and_backend_asked_for(op, backend, monkeypatch):
+    """`--backend fused` used to be reported as "the 'chunk' backend" (one shared check that named no caller)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(BackendError, match=f"^op '{op}', backend '{backend}': .*CUDA GPU.*--backend naive") as e:
+        get_op(op, backend)
+    if op != "attention":   # the CUDA extension, not Triton: the interpreter cannot stand in for it
+        assert "TRITON_INTERPRET=1" in str(e.value) and "'chunk' backend" not in str(e.value)
+
+
+def test_fla_missing_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else real(name, *a))
+    with pytest.raises(BackendError) as e:
+        get_op("gla", "fla")
+    msg = str(e.value)
+    assert 'pip install "flash-linear-attention>=0.6.0"' in msg and 'pip install -e ".[fla]"' in msg
+    assert "install its wheels with pip" in msg and "shared/wheels" not in msg
+
+
+def test_fuse_on_an_op_without_components_says_so():
+    with pytest.raises(BackendError, match=r"op 'gated_delta'.*no fused state component.*"
+                                           r"\(ops/gated_delta/fused.py has no fused components to choose\)"):
+        get_op("gated_delta", "fused", parse_fuse("state"))
+    with pytest.raises(BackendError, match=r"\(ops/ssd/fused.py has: state\)"):
+        get_op("ssd", "fused", parse_fuse("chunk"))
+
+
 def test_backend_specs_name_fused_components():
     assert split_backends("naive, fused[chunk,state],fla") == ["naive", "fused[chunk,state]", "fla"]
     assert parse_backend("chunk") == ("chunk", "")
