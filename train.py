@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
                 if metrics:
                     metrics.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
                 if main_proc:
-                    bar.write(f"step {step}: val loss {val:.4f}" + (f" (entropy rate {entropy:.4f})" if entropy else ""))
+                    bar.write(f"step {step}: val loss {val:.4f}"
+                              + (f" (entropy rate {entropy:.4f})" if entropy else ""))
                 result["val_loss"] = val
 
             if (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last:

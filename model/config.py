@@ -13,7 +13,7 @@ class ModelConfigError(UserError, ValueError):
 @dataclass
 class ModelConfig:
     family: str = "gla"                # gla | gated_deltanet | mamba2 | gpt2 (see model.FAMILIES)
-    backend: str = "naive"             # kernel backend of every op (ops.BACKENDS)
+    backend: str = "naive"             # the token mixer's backend (ops.BACKENDS); the projections' only with fused
     fuse: str = ""                     # backend fused only: components to fuse, e.g. "chunk" ("" = all it has)
     vocab_size: int = 50257
     d_model: int = 768

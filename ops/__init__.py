@@ -21,6 +21,8 @@ from typing import Callable
 
 from utils.errors import UserError
 
+# Registered by name, not discovered: an op folder also holds kernel modules (kernels.py, far.py, ...).
+# tests/ops/test_registry.py fails on a module that implements an op but is missing here.
 BACKENDS = ("naive", "chunk", "fused", "fla")
 # DESIGN §4. `proj` is the layer-level ops ops/proj_* (issue [H]) that a mixer resolves beside its own op
 # (model.common.resolve_proj), so a mixer op is never asked for it; `state` and `chunk` live in the mixer ops.
@@ -58,7 +60,9 @@ def get_op(op: str, backend: str, fuse: frozenset[str] | None = None) -> Callabl
     if op not in list_ops():
         raise BackendError(f"unknown op {op!r}; ops: {', '.join(list_ops())}")
     if backend not in BACKENDS:
-        raise BackendError(f"unknown backend {backend!r} for op {op!r}; backends: {', '.join(BACKENDS)}")
+        hint = (f"; ops/{op}/{backend}.py exists: register the backend by adding {backend!r} to ops.BACKENDS"
+                if (_ROOT / op / f"{backend}.py").is_file() else "")
+        raise BackendError(f"unknown backend {backend!r} for op {op!r}; backends: {', '.join(BACKENDS)}{hint}")
     have = list_backends(op)
     if backend not in have:
         raise BackendError(f"op {op!r} has no {backend!r} backend (ops/{op}/{backend}.py does not "
@@ -67,6 +71,9 @@ def get_op(op: str, backend: str, fuse: frozenset[str] | None = None) -> Callabl
     check = getattr(module, "check_available", None)
     if check is not None:
         check()
+    if not callable(getattr(module, op, None)):
+        raise BackendError(f"ops/{op}/{backend}.py defines no function {op!r}: a backend module implements its op "
+                           f"in a function named after the op, with the signature of ops/{op}/naive.py")
     if fuse is None:
         return getattr(module, op)
     if backend != "fused":

@@ -64,3 +64,20 @@ def assert_proj_model_equals_naive_fp32(cfg, seq_len: int) -> None:
     assert abs(got["loss"] - ref["loss"]) < 1e-5 and rel_err(got["logits"], ref["logits"]) < 1e-5
     bad = {n: e for n, g in got["grads"].items() if not (e := rel_err(g, ref["grads"][n])) < 1e-4}
     assert not bad and got["grads"].keys() == ref["grads"].keys(), bad
+
+
+def backends_under_test(op: str) -> list[str]:
+    """Every registered backend of `op` to check against its oracle: all but `naive` (the oracle) and `fla`
+    (tested beside the others where it is installed), one name per distinct function (gated_delta's `fused` is
+    chunk's function). A backend added to ops.BACKENDS is tested from then on, with no list to edit here."""
+    import importlib
+
+    from ops import list_backends
+
+    seen, out = set(), []
+    for b in list_backends(op):
+        fn = getattr(importlib.import_module(f"ops.{op}.{b}"), op)
+        if b not in ("naive", "fla") and fn not in seen:
+            seen.add(fn)
+            out.append(b)
+    return out

@@ -177,7 +177,8 @@ def test_ctrl_c_names_the_last_checkpoint(tmp_path, monkeypatch):
         return real(step, cfg)
 
     monkeypatch.setattr(train, "lr_at", interrupt_at_8)
-    with pytest.raises(train.Interrupted, match=r"interrupted at step 8; the last checkpoint is .*step_00000006.*--resume"):
+    with pytest.raises(train.Interrupted,
+                       match=r"interrupted at step 8; the last checkpoint is .*step_00000006.*--resume"):
         train.main(tiny(tmp_path, "k"))
 
 

@@ -1,5 +1,5 @@
 """GLA on the `chunk` backend: flash-linear-attention's decomposition in our Triton stages
-(ops/common/), with a per-key-dim decay."""
+(ops/common/), with a per-key-dim decay gk [B, T, H, K] or one decay per head, gk [B, T, H, 1]."""
 from __future__ import annotations
 
 import torch

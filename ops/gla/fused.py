@@ -8,7 +8,8 @@
 - `state` (issue [G]): the state scans split into segments where the (K, V, batch·head) tiles cannot
   fill the SMs (ops/common/chunk_h.py). With `chunk` too, a split forward runs chunk's parallel stages
   instead of the scan (scan_forward), and the fused backward after them.
-Either alone runs inside the `chunk` backend's stages.
+`state` alone runs inside the `chunk` backend's stages; `chunk` alone is the scan (or, where it does not pay,
+chunk's stages with the fused scores); neither is chunk.gla itself (build).
 """
 from __future__ import annotations
 

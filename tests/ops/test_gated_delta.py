@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ops.gated_delta.naive import _chunk_gated_delta, gated_delta, gated_delta_recurrent
-from tests.helpers import grads_close, rel_err
+from tests.helpers import backends_under_test, grads_close, rel_err
 
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 2, 4)]
 GATES = {"realistic": (-5.0, 0.0), "near0": (-1e-6, 0.0), "extreme": (-1e3, -50.0)}
@@ -90,7 +90,7 @@ def test_naive_matches_fla_reference():
 
 # --- Triton backends --------------------------------------------------------------------------
 
-TRITON_BACKENDS = ["chunk"]
+TRITON_BACKENDS = backends_under_test("gated_delta")   # fused is chunk's function
 # (B, T, H, K, V): T not a multiple of C = 64 (two chunks, ragged), T < C with B = H = 1, T = 1; K ≠ V
 CHUNK_SHAPES = [(2, 70, 1, 8, 6), (1, 5, 1, 4, 4), (1, 1, 2, 4, 3)]
 

@@ -9,7 +9,7 @@ import torch
 
 from ops import get_op
 from ops.gla.naive import _chunk_gla, gla, gla_recurrent
-from tests.helpers import grads_close, rel_err
+from tests.helpers import backends_under_test, grads_close, rel_err
 
 # (B, T, H, K, V): T not a multiple of C, T < C, T = 1, B = H = 1, K ≠ V, K = 1
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 1, 4)]
@@ -92,7 +92,7 @@ def test_gradcheck_tiny():
 
 # --- Triton backends --------------------------------------------------------------------------
 
-TRITON_BACKENDS = ["chunk", "fused"]
+TRITON_BACKENDS = backends_under_test("gla")       # chunk, fused and any backend added later
 CHUNK_SHAPES = [(2, 50, 2, 8, 6), (1, 5, 1, 4, 4), (1, 1, 1, 4, 3), (1, 130, 2, 16, 8)]
 
 

@@ -1,8 +1,10 @@
 """The backend registry: one signature per op, errors that name op, backend and remedy."""
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +24,49 @@ def test_backends_share_one_signature(op):
             for b in list_backends(op)}
     ref = sigs["naive"]
     for backend, sig in sigs.items():
-        assert list(sig.parameters) == list(ref.parameters), backend
-        assert [p.default for p in sig.parameters.values()] == [p.default for p in ref.parameters.values()], backend
+        assert [(p.name, p.kind, p.default) for p in sig.parameters.values()] == \
+            [(p.name, p.kind, p.default) for p in ref.parameters.values()], backend
+
+
+def implements(path: Path, op: str) -> bool:
+    """Whether a module defines (or binds) a top-level name `op`, read without importing it."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == op:
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == op for t in targets):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("op", list_ops())
+def test_every_module_that_implements_an_op_is_a_registered_backend(op):
+    """A new ops/<op>/<name>.py with its function but no entry in ops.BACKENDS was invisible: no signature check,
+    no numeric test, and `--backend <name>` an "unknown backend" error."""
+    folder = Path(importlib.import_module("ops").__file__).parent / op
+    unregistered = [p.name for p in sorted(folder.glob("*.py")) if implements(p, op) and p.stem not in BACKENDS]
+    assert not unregistered, f"ops/{op}/: {unregistered} implement {op!r} but are not in ops.BACKENDS"
+
+
+def test_an_unregistered_backend_file_is_named(tmp_path, monkeypatch):
+    import ops
+
+    (tmp_path / "gla").mkdir()
+    for name in ("naive.py", "einsum.py"):
+        (tmp_path / "gla" / name).write_text("def gla(q):\n    return q\n")
+    monkeypatch.setattr(ops, "_ROOT", tmp_path)
+    with pytest.raises(BackendError, match="ops/gla/einsum.py exists: register.*ops.BACKENDS"):
+        get_op("gla", "einsum")
+
+
+def test_a_backend_module_without_the_op_function_is_named(monkeypatch):
+    import ops.gla.chunk as chunk
+
+    monkeypatch.delattr(chunk, "gla")
+    monkeypatch.setattr(chunk, "check_available", lambda: None)
+    with pytest.raises(BackendError, match="ops/gla/chunk.py defines no function 'gla'"):
+        get_op("gla", "chunk")
 
 
 def test_unknown_op_lists_ops():

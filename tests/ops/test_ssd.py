@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ops.ssd.naive import ssd, ssd_recurrent
-from tests.helpers import grads_close, rel_err
+from tests.helpers import backends_under_test, grads_close, rel_err
 
 # (B, T, H, P, G, N)
 SHAPES = [(2, 100, 4, 8, 1, 6), (1, 7, 1, 4, 1, 3), (2, 130, 4, 5, 2, 8), (1, 1, 2, 3, 2, 2), (1, 64, 6, 4, 3, 4)]
@@ -70,7 +70,7 @@ def cancellation_floors(inputs, dy, dh) -> dict[str, float]:
     return {"dt": A.abs().max().item() * e, "A": dt.abs().max().item() * e * dt[..., 0].numel() ** 0.5}
 
 
-@pytest.mark.parametrize("backend", ["chunk", "fused"])
+@pytest.mark.parametrize("backend", backends_under_test("ssd"))
 # T = 600: ten chunks of 64, which `fused`'s split state scan runs as two segments (short_segments)
 @pytest.mark.parametrize("shape", [(2, 70, 4, 8, 2, 16), (1, 5, 2, 4, 1, 8), (1, 600, 1, 8, 1, 8)],
                          ids=lambda s: "B{}T{}H{}P{}G{}N{}".format(*s))
@@ -95,7 +95,7 @@ def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_e
                 cancellation_floors(inputs, dy, dh))
 
 
-@pytest.mark.parametrize("backend", ["chunk", "fused"])
+@pytest.mark.parametrize("backend", backends_under_test("ssd"))
 def test_groups_stay_unexpanded_for_the_backward(backend, device):
     """B and C shared by a group of heads are kept for the backward per group, not copied per head
     (mamba2_370m: 32 heads, one group; 268 MB per layer at B8 T2048 bf16); the gradient check above
@@ -132,7 +132,7 @@ def bf16_full_shape_errors(backend: str) -> dict[str, float]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
-@pytest.mark.parametrize("backend", ["chunk", "fused"])
+@pytest.mark.parametrize("backend", backends_under_test("ssd"))
 def test_triton_backend_bf16_full_shape(backend):
     """y and every gradient but ∂A within DESIGN's 5e-3; ∂A: see the test below."""
     errs = bf16_full_shape_errors(backend)
