@@ -127,7 +127,7 @@ def set_dotted(cfg: Config, key: str, raw: str) -> None:
                 raise ConfigError(f"config key {key!r} is a section; set one of its fields")
             # text fields take the CLI text as typed: YAML would read --train.name=off as False, 0123 as octal 83
             # and null as None, and str() of those named the run folder 'False', '83' or ''
-            value = raw if typ is str and isinstance(raw, str) else yaml.safe_load(raw) if isinstance(raw, str) else raw
+            value = yaml.safe_load(raw) if isinstance(raw, str) and typ is not str else raw
             setattr(obj, p, _coerce("" if value is None else value, typ, key))
         else:
             obj = getattr(obj, p)

@@ -11,7 +11,7 @@ backends), metrics.jsonl and checkpoints/.
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import json
 import math
 import os
@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from config import Config, ConfigError, load_config, save_config, to_dict
 from data.prepare import prepare_split
-from data.sampler import BatchSampler, eval_batches, max_eval_batches, windows_to_batch
+from data.sampler import BatchSampler, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
 from utils.checkpoint import (latest_checkpoint, load_checkpoint, read_state, resolve_checkpoint, save_checkpoint,
                               supersede_after)
@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "train. Raise --train.max_steps to continue the run.")
             return {"steps": saved["step"], "checkpoint": str(resume_from)}
         if "config" in saved and saved["config"]["train"]["max_steps"] != tc.max_steps:
-            was = copy.deepcopy(cfg)
-            was.train.max_steps = saved["config"]["train"]["max_steps"]
+            was = dataclasses.replace(cfg, train=dataclasses.replace(tc,
+                                                                     max_steps=saved["config"]["train"]["max_steps"]))
             log(f"resume: the cosine schedule now ends at step {tc.max_steps}, not {was.train.max_steps}: the lr "
                 f"at step {saved['step']} moves from {lr_at(saved['step'], was):.3g} to "
                 f"{lr_at(saved['step'], cfg):.3g}")
@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:
-        asked, held = tc.eval_batches * tc.micro_batch_size, (len(val_store) - 1) // cfg.data.seq_len
+        asked = tc.eval_batches * tc.micro_batch_size
+        held = eval_windows(val_store, cfg.data.seq_len, tc.micro_batch_size, tc.eval_batches)
         if held < asked:
             log(f"validation: the split holds {held} windows of {cfg.data.seq_len} tokens, fewer than the "
                 f"{asked} that train.eval_batches x micro_batch_size ask for; all {held} are scored")
@@ -362,9 +363,9 @@ def main(argv: list[str] | None = None) -> dict:
         bar.close()
         if metrics:
             metrics.close()
-        where = f"the last checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved"
-        raise Interrupted(f"interrupted at step {step}; {where}. Continue with the same command and --resume"
-                          if last_ckpt else f"interrupted at step {step}; {where}") from None
+        where = (f"the last checkpoint is {last_ckpt}. Continue with the same command and --resume" if last_ckpt
+                 else "no checkpoint was saved")
+        raise Interrupted(f"interrupted at step {step}; {where}") from None
     bar.close()
     if metrics:
         metrics.close()

@@ -128,4 +128,4 @@ def supersede_after(run_dir: Path, step: int, resumed: Path) -> list[Path]:
 
 def load_checkpoint(accelerator, path: Path) -> dict:
     accelerator.load_state(str(path))
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    return read_state(path)
