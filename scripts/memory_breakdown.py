@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
     states = full * 16 / 2**20                      # fp32 weights, fp32 grads, AdamW's two fp32 moments
     print(f"{Path(args.config).stem}, backend {args.backend}, measured on {device} at T={args.measure_seq_len} with "
           f"{args.layers} of {n_layers} blocks; scaled to B{args.batch} T{args.seq_len}, {n_layers} blocks\n")
-    print(f"| module | dtype | saved MB (all layers) | per layer |\n|---|---|---|---|")
+    print("| module | dtype | saved MB (all layers) | per layer |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['module']} | {r['dtype']} | {r['MB']:,.0f} | {'' if r['per_layer_MB'] is None else format(r['per_layer_MB'], ',.1f')} |")
     print(f"| **saved activations** | | **{total_act:,.0f}** | |")

@@ -148,7 +148,6 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 e_i = tl.exp(tl.where(below[:, None], b_b - b_bl[None, :], float("-inf")))           # ≤ 1
                 b_dq += e_i * tl.dot(b_dA, b_kj * e_j, input_precision=PREC)
                 b_dkj = e_j * tl.dot(tl.trans(b_dA), b_q * e_i, input_precision=PREC)                 # [BC, BK]
-                b_qj = _load_rows(q, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
                 b_dqj = tl.zeros([BC, BK], dtype=tl.float32)
                 for j in range(BC):                             # inside J, elementwise, as chunk_intra_bwd
                     t_j = j0 + j

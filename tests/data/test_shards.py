@@ -10,7 +10,7 @@ import pytest
 
 from data.config import DataConfig, SyntheticConfig
 from data.prepare import prepare_split
-from data.shards import ShardError, ShardWriter, TokenStore, build
+from data.shards import ShardError, TokenStore, build
 from data.tokenizer import get_tokenizer
 
 quiet = lambda *_: None  # noqa: E731

@@ -6,7 +6,6 @@ import importlib.util
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ops.ssd.naive import ssd, ssd_recurrent
 from tests.helpers import backends_under_test, grads_close, rel_err
