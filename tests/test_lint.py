@@ -13,16 +13,20 @@ pytest.importorskip("pyflakes", reason="pyflakes is in requirements.txt; the GPU
 from pyflakes.api import checkPath  # noqa: E402
 from pyflakes.reporter import Reporter  # noqa: E402
 
-SKIP = {"runs", "build", "dist", "node_modules"}     # outputs, not sources; dot-folders (.venv, .carry) too
+PACKAGES = ("data", "eval", "model", "ops", "scripts", "tests", "utils")   # the repository's own code only: a
+# virtualenv or a run folder inside the checkout (venv/, runs/) is not scanned
 
 
 def sources() -> list[Path]:
-    out = []
-    for p in sorted(REPO.rglob("*.py")):
-        parts = p.relative_to(REPO).parts[:-1]
-        if not any(d.startswith(".") or d in SKIP or d.endswith(".egg-info") for d in parts):
-            out.append(p)
-    return out
+    return sorted(REPO.glob("*.py")) + sorted(p for d in PACKAGES for p in (REPO / d).rglob("*.py"))
+
+
+def test_every_code_folder_is_linted():
+    """A new top-level folder of Python code joins PACKAGES (virtualenvs and output folders aside)."""
+    other = [d.name for d in REPO.iterdir() if d.is_dir() and d.name not in PACKAGES and not d.name.startswith(".")
+             and d.name not in ("runs", "build", "dist", "data_cache") and not (d / "pyvenv.cfg").exists()
+             and (any(d.glob("*.py")) or any(d.glob("*/*.py")))]
+    assert not other, f"add {other} to PACKAGES in tests/test_lint.py"
 
 
 def test_pyflakes_clean():
