@@ -70,7 +70,7 @@ def get_op(op: str, backend: str, fuse: frozenset[str] | None = None) -> Callabl
     module = importlib.import_module(f"ops.{op}.{backend}")
     check = getattr(module, "check_available", None)
     if check is not None:
-        check()
+        check(op, backend)        # one check can serve many modules (check_triton_device, require_fla)
     if not callable(getattr(module, op, None)):
         raise BackendError(f"ops/{op}/{backend}.py defines no function {op!r}: a backend module implements its op "
                            f"in a function named after the op, with the signature of ops/{op}/naive.py")
@@ -112,15 +112,15 @@ def parse_backend(spec: str) -> tuple[str, str]:
     return name, fuse
 
 
-def require_fla(op: str) -> None:
-    """The `fla` backend's availability check, shared by every op that has one."""
+def require_fla(op: str, backend: str = "fla") -> None:
+    """The `fla` backend's availability check (`check_available`), shared by every op that has one."""
     import torch
 
     if importlib.util.find_spec("fla") is None:
-        raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention is not installed. Install it with "
+        raise BackendError(f"op {op!r}, backend {backend!r}: flash-linear-attention is not installed. Install it with "
                            "pip install \"flash-linear-attention>=0.6.0\" (or pip install -e \".[fla]\" in this "
                            "checkout; on a machine without internet, install its wheels with pip), or choose another "
                            "--backend")
     if not torch.cuda.is_available():
-        raise BackendError(f"op {op!r}, backend 'fla': flash-linear-attention's kernels need a CUDA GPU; "
+        raise BackendError(f"op {op!r}, backend {backend!r}: flash-linear-attention's kernels need a CUDA GPU; "
                            "on this machine use --backend naive")

@@ -33,15 +33,15 @@ SPLITS = (1, 2, 4)             # key groups per block: 4, 8 or 16 warps
 _SOURCE = Path(__file__).parent / "csrc" / "wmma_attention.cu"
 
 
-def check_available() -> None:
+def check_available(op: str, backend: str) -> None:
     if not torch.cuda.is_available():
-        raise BackendError("op 'attention', backend 'fused': the WMMA kernel needs a CUDA GPU; on this machine "
+        raise BackendError(f"op {op!r}, backend {backend!r}: the WMMA kernel needs a CUDA GPU; on this machine "
                            "use --backend naive (SDPA)")
     if torch.cuda.get_device_capability() < (8, 0):
-        raise BackendError("op 'attention', backend 'fused': the WMMA kernel uses cp.async, which needs compute "
+        raise BackendError(f"op {op!r}, backend {backend!r}: the WMMA kernel uses cp.async, which needs compute "
                            "capability 8.0 (A100) or newer; use --backend naive (SDPA)")
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
-        raise BackendError("op 'attention', backend 'fused': the WMMA kernel is compiled at first use and needs "
+        raise BackendError(f"op {op!r}, backend {backend!r}: the WMMA kernel is compiled at first use and needs "
                            "nvcc (the CUDA toolkit) on PATH or CUDA_HOME set; or use --backend naive (SDPA)")
 
 

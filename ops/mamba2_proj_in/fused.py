@@ -23,8 +23,7 @@ from ops.common.short_conv import short_conv
 COMPONENTS = ("proj",)
 
 
-def check_available() -> None:
-    check_triton_device("mamba2_proj_in", "fused")
+check_available = check_triton_device       # ops.get_op calls it with (op, backend)
 
 
 def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, conv_b: torch.Tensor | None,
