@@ -24,18 +24,11 @@ from pathlib import Path
 import torch
 from accelerate.utils import DistributedType
 
+from utils.runinfo import write_atomic
+
 _STEP = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -89,10 +82,10 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
     # every rank writes its own RNG state into tmp: none may be renamed away while another still writes
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        _write_atomic(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=1))
+        write_atomic(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _write_atomic(root / "latest", final.name)
+        write_atomic(root / "latest", final.name)
         for old in complete_checkpoints(run_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
@@ -116,11 +109,11 @@ def supersede_after(run_dir: Path, step: int, resumed: Path) -> list[Path]:
     aside = Path(tempfile.mkdtemp(prefix=f"superseded-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root))
     moved = [Path(shutil.move(str(p), str(aside / p.name))) for p in newer]
     if Path(resumed).parent.resolve() == root.resolve():
-        _write_atomic(root / "latest", Path(resumed).name)
+        write_atomic(root / "latest", Path(resumed).name)
     else:
         left = complete_checkpoints(run_dir)
         if left:
-            _write_atomic(root / "latest", left[-1].name)
+            write_atomic(root / "latest", left[-1].name)
         else:
             (root / "latest").unlink(missing_ok=True)
     return moved

@@ -62,6 +62,16 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a synced temporary file: a crash leaves the old file or the new, not a part."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 class JsonlWriter:
     """Appends one JSON object per line, flushed each time, so a crash loses nothing written."""
 
@@ -70,9 +80,7 @@ class JsonlWriter:
         if truncate_after_step is not None and self.path.is_file():
             # a resumed run rewrites history after its checkpoint: drop rows the crash left behind
             keep = [line for line, row in self._rows(log) if row.get("step", 0) <= truncate_after_step]
-            tmp = self.path.with_name(self.path.name + ".tmp")     # a crash while rewriting keeps the old file
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(line + "\n" for line in keep))
         self.f = open(self.path, "a")
 
     def _rows(self, log: Callable[[str], None]) -> list[tuple[str, dict]]:
