@@ -158,6 +158,18 @@ def test_triton_backend_bf16_full_shapes(backend, shape):
     check_bf16(shape, get_op("gated_delta", backend))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on a GPU")
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+def test_triton_backend_bf16_odd_shapes(backend, shape):
+    """The CPU tests' odd shapes (T = 1, T < C, B = H = 1, K ≠ V) in bf16 on the GPU, with the same bounds as the
+    full shapes above."""
+    from ops import get_op
+
+    check_bf16(shape, get_op("gated_delta", backend))
+
+
 def state_dtypes(monkeypatch) -> list:
     """Records the dtype of every h and dh the chunk op's state stages return."""
     from ops.gated_delta import chunk

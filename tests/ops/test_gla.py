@@ -226,6 +226,17 @@ def test_fused_bf16_chunk_sizes(chunk_size, shape):
         q, k, v, g, q.shape[-1] ** -0.5, initial_state, output_final_state, chunk_size), shape)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on a GPU")
+@pytest.mark.parametrize("backend", TRITON_BACKENDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
+def test_triton_backend_bf16_odd_shapes(backend, shape):
+    """The CPU tests' odd shapes (T = 1, T < C, B = H = 1, K ≠ V, K = 1) in bf16 on the GPU, with the initial and
+    final states: the fp32 tests cover their logic, this their bf16 loads, stores and masks as Hopper compiles
+    them (../shared/GPU.md)."""
+    assert_bf16_matches_naive(get_op("gla", backend), shape)
+
+
 def assert_bf16_matches_naive(op, shape, gk: torch.Tensor | None = None, gk_tol: float = 5e-3) -> dict[str, float]:
     """bf16 q, k, v and fp32 gates, initial state and final-state gradient (as the model and the state API hold
     them) against the fp32 naive oracle on the same values: o, the final state and every gradient, h0's

@@ -151,6 +151,17 @@ def test_triton_backend_bf16_full_shape(backend, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on a GPU")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}P{}G{}N{}".format(*s))
+@pytest.mark.parametrize("backend", backends_under_test("ssd"))
+def test_triton_backend_bf16_odd_shapes(backend, shape):
+    """The CPU tests' odd shapes (T = 1, T < C, B = H = 1, several groups, tiny N and P) in bf16 on the GPU,
+    held as the full shapes above are: the fp32 tests cover their logic, this their bf16 loads, stores and masks
+    as Hopper compiles them (../shared/GPU.md)."""
+    test_triton_backend_bf16_full_shape(backend, shape)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None or not torch.cuda.is_available(),
                     reason="compares with flash-linear-attention on a CUDA GPU")
 def test_triton_backend_bf16_dA_no_worse_than_fla(monkeypatch):
