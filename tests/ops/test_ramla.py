@@ -92,19 +92,22 @@ def far_mode(request, device, monkeypatch):
     return request.param
 
 
-def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1):
+def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1, op=None):
     """Relative errors of the fused output and of every gradient (q, k_lat, v_lat, w_ql, w_vu, α)
-    against naive on the same inputs; naive runs in fp32 whatever `dtype` the fused op gets."""
+    against naive on the same inputs, rounded to `dtype`; naive runs in fp32 whatever `dtype` the fused op (or
+    `op`) gets, so the errors are the op's own, not its inputs' rounding."""
     from ops.ramla import fused
 
+    op = fused.ramla if op is None else op
     inputs = [x.float().to(device) for x in make_inputs(B, T, H, D, L, seed=seed)]
     inputs[0] = inputs[0] * q_mult
+    inputs = [x.to(dtype).float() for x in inputs]
     do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(seed + 1)).to(device)
     results = []
-    for op, dt in ((ramla, torch.float32), (fused.ramla, dtype)):
+    for fn, dt in ((ramla, torch.float32), (op, dtype)):
         xs = [x.to(dt).clone().requires_grad_() for x in inputs]   # fresh leaves: separate .grad
         a = None if alpha is None else torch.tensor(alpha, device=device, requires_grad=True)
-        o = op(*xs, a, W)
+        o = fn(*xs, a, W)
         (o.float() * do).sum().backward()
         results.append([o] + [x.grad for x in xs] + ([a.grad] if a is not None else []))
     return [rel_err(got, ref) for got, ref in zip(*reversed(results))]
@@ -173,13 +176,15 @@ def test_fused_split_uses_sdpa(device, monkeypatch):
 ])
 def test_fused_split_half_precision(kernel, B, T, H, D, L, W, alpha, monkeypatch):
     """The split form on each SDPA kernel at odd shapes, bf16 against naive in fp32: the output and the tensor
-    gradients within 2e-2, and dα, a sum that nearly cancels, no further off than the all-Triton form's."""
+    gradients as close as SDPA's own bf16 error allows (below), and dα, a sum that nearly cancels, no further off
+    than the all-Triton form's."""
     monkeypatch.setattr("ops.ramla.fused.FAR", "triton")
     ref = fused_vs_naive(B, T, H, D, L, W, alpha, "cuda", torch.bfloat16)
+    assert_within_sdpa_bf16_error(ref, B, T, H, D, L, W)
     monkeypatch.setattr("ops.ramla.fused.FAR", "sdpa")
     monkeypatch.setattr("ops.ramla.fused.FAR_KERNEL", kernel)
     errs = fused_vs_naive(B, T, H, D, L, W, alpha, "cuda", torch.bfloat16)
-    assert all(e < 2e-2 for e in errs[:6]), errs
+    assert_within_sdpa_bf16_error(errs, B, T, H, D, L, W)
     assert alpha is None or errs[6] < 2 * ref[6] + 1e-2, (errs[6], ref[6])
 
 
@@ -242,10 +247,23 @@ def test_deterministic_mode_keeps_cudnn_out(monkeypatch):
 @pytest.mark.parametrize("far", ["sdpa", "triton"])
 @pytest.mark.parametrize("alpha", [0.5, None])
 def test_fused_bf16_full_shape(alpha, far, monkeypatch):
-    """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32, in both forms."""
+    """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32, in both forms. dα, one sum
+    over B·H·T·W terms of both signs, has no SDPA counterpart: within 2e-2 (1.0e-2 on the H100, 2026-11-25)."""
     monkeypatch.setattr("ops.ramla.fused.FAR", far)
     errs = fused_vs_naive(8, 2048, 12, 64, 64, 64, alpha, "cuda", torch.bfloat16)
-    assert all(e < 2e-2 for e in errs), errs
+    assert_within_sdpa_bf16_error(errs, 8, 2048, 12, 64, 64, 64)
+    assert alpha is None or errs[6] < 2e-2, errs[6]
+
+
+def assert_within_sdpa_bf16_error(errs: list[float], B, T, H, D, L, W) -> None:
+    """The output and tensor-gradient errors of a bf16 run within twice PyTorch's own bf16 error on the nearest
+    chain it has, plain MLA on SDPA's bf16 kernel (naive with α = None) against the same fp32 oracle and inputs,
+    plus 1e-3 of rounding slack: the projections' rule (tests/ops/test_proj_out.py). DESIGN's flat 5e-3 would
+    leave no room: SDPA's own error reaches 4.5e-3 (∂q at B1 T37 H1 on the H100), fused's 4.9e-3."""
+    sdpa = fused_vs_naive(B, T, H, D, L, W, None, "cuda", torch.bfloat16, op=ramla)
+    names = ["o", "dq", "dk_lat", "dv_lat", "dw_ql", "dw_vu"]
+    bad = {n: (e, r) for n, e, r in zip(names, errs, sdpa) if not e <= 2 * r + 1e-3}
+    assert not bad, f"(op, SDPA bf16) errors: {dict(zip(names, zip(errs, sdpa)))}"
 
 
 @pytest.mark.parametrize("heads_per_program", [2, 6])
