@@ -166,12 +166,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", help="JSON output (default: <checkpoint>/eval_<split>_<seq_len>_<stride>.json, with "
                    "_<source tag> before .json when --data.* overrides change the split's data)")
     args, rest = p.parse_known_args(argv)
+    overrides = parse_overrides(rest, [o for a in p._actions for o in a.option_strings])   # a typo fails before loading
+    for k, _ in overrides:
+        if not k.startswith("data."):
+            raise ConfigError(f"only --data.* overrides apply to evaluation, got --{k}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, cfg, path = load_model(args.ckpt, args.backend, device)
     trained = copy.deepcopy(cfg.data)
-    for k, v in parse_overrides(rest):
-        if not k.startswith("data."):
-            raise ConfigError(f"only --data.* overrides apply to evaluation, got --{k}")
+    for k, v in overrides:
         set_dotted(cfg, k, v)
     seq_len = args.seq_len or cfg.data.seq_len
     stride = args.stride or seq_len

@@ -38,6 +38,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from ops import parse_backend, split_backends  # noqa: E402
+from utils.cli import run_cli  # noqa: E402
 
 
 def slug(spec: str) -> str:
@@ -75,6 +76,24 @@ def compare(runs: dict[str, Path], tests: dict[str, dict], tolerance: float) -> 
                   "mean_delta_train_last_half": sum(late) / len(late) if late else float("nan"),
                   "test": tests.get(b), "pass": abs(d_val[steps[-1]]) <= tolerance}
     return out
+
+
+def preflight(config: str, overrides: list[str], flags: list[str], backends: list[str]) -> None:
+    """Every override and every backend checked before the first training starts, so that a typo (--train.max_stepz,
+    --tolerence) or a backend this machine cannot run fails now, not after the reference has trained: each backend's
+    model is built on the meta device, which runs every op's availability check (ops.get_op) and allocates nothing."""
+    import dataclasses
+
+    import torch
+
+    from config import load_config
+    from model import build_model
+
+    cfg = load_config(config, overrides, flags)
+    for b in backends:
+        name, fuse = parse_backend(b)
+        with torch.device("meta"):
+            build_model(dataclasses.replace(cfg.model, backend=name, fuse=fuse or cfg.model.fuse))
 
 
 def floor_overrides(config: str, overrides: list[str], split: int = 2) -> list[str]:
@@ -213,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     backends = split_backends(args.backends)
     if len(set(backends)) != len(backends) or len(backends) < 2:
         raise SystemExit(f"error: --backends needs two or more distinct backends, got {args.backends!r}")
+    preflight(args.config, overrides, [o for a in p._actions for o in a.option_strings], backends)
     stem = Path(args.config).stem
     out = args.out or REPO / "runs" / f"parity_{stem}"
     runs = {b: out / f"{stem}_{slug(b)}" for b in backends}
@@ -253,7 +273,8 @@ def main(argv: list[str] | None = None) -> dict:
     for b, run in runs.items():
         if not args.parallel:
             print(f"== {b}: training {args.steps} steps {' '.join(extra[b])}", flush=True)
-            subprocess.run(train_cmd(b, run), check=True, cwd=REPO)
+            if subprocess.run(train_cmd(b, run), cwd=REPO).returncode:
+                raise SystemExit(f"error: training on {b} failed; train.py's error is above")
         subprocess.run([sys.executable, str(REPO / "eval" / "perplexity.py"), "--ckpt", str(run), "--split", "test",
                         "--out", str(run / "eval_test.json"), *data_overrides], check=True, cwd=REPO,
                        stdout=subprocess.DEVNULL)
@@ -278,4 +299,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -94,3 +94,28 @@ def test_floor_split_must_divide_the_micro_batch():
     for split in (1, 3):
         with pytest.raises(SystemExit, match="must be 2 or more and divide it"):
             floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], split)
+
+
+def test_settings_and_backends_are_checked_before_any_training(tmp_path, monkeypatch):
+    """A typo in an option or an override, or a backend this machine cannot run, fails at once with the remedy,
+    not after the reference backend has trained."""
+    import subprocess
+
+    from config import ConfigError
+    from ops import BackendError
+
+    def unreachable(*args, **kwargs):
+        raise AssertionError("a training started before the settings were checked")
+
+    monkeypatch.setattr(subprocess, "run", unreachable)
+    monkeypatch.setattr(subprocess, "Popen", unreachable)
+    base = ["--config", "configs/smoke.yaml", "--out", str(tmp_path / "p")]
+    with pytest.raises(ConfigError, match="unknown option '--tolerence': did you mean --tolerance"):
+        main(base + ["--tolerence", "0.1"])
+    with pytest.raises(ConfigError, match="'train.max_stepz'.*did you mean 'max_steps'"):
+        main(base + ["--train.max_stepz=3"])
+    with pytest.raises(BackendError, match="unknown backend 'nope' for op 'gla'"):
+        main(base + ["--backends", "naive,nope"])
+    with pytest.raises(BackendError, match=r"unknown fused component\(s\) warp"):
+        main(base + ["--backends", "naive,fused[warp]"])
+    assert not (tmp_path / "p").exists()

@@ -85,7 +85,8 @@ def test_perplexity_window_settings_are_checked_first(run_dir, monkeypatch):
     for flags, msg in [(["--stride", "300"], "--stride must be between 1 and the window length 32"),
                        (["--seq_len", "8", "--stride", "0"], None), (["--seq_len", "-3"], "--seq_len and --batch_size"),
                        (["--batch_size", "0"], "--seq_len and --batch_size must be positive"),
-                       (["--train.seed=3"], "only --data.\\* overrides")]:
+                       (["--train.seed=3"], "only --data.\\* overrides"),
+                       (["--seq-len", "8"], "unknown option '--seq-len': did you mean --seq_len")]:
         if msg is None:        # stride 0 means "= seq_len": valid, so it gets as far as the data
             with pytest.raises(AssertionError, match="data prepared"):
                 perplexity.main(["--ckpt", str(run_dir), *flags])
