@@ -82,8 +82,8 @@ def load_text(src: Source, split: str):
         hub_split = "validation" if split == "valid" else split
         try:
             ds = datasets.load_dataset(src.name, src.config, split=hub_split)
-        except Exception as e:
-            raise RuntimeError(
+        except Exception as e:  # offline, a gated or misspelt name: datasets raises many types; one line says which
+            raise DataSourceError(
                 f"could not load {src.name!r} ({src.config}) split {hub_split!r} from the Hugging "
                 f"Face hub: {type(e).__name__}: {e}. Offline, point --data.source (and "
                 "--data.eval_source) at a local directory of text files instead.") from e

@@ -5,6 +5,7 @@ import datasets
 import pytest
 
 from data.sources import Source, load_text, parse_source
+from utils.errors import UserError
 
 
 def test_parse_specs(tmp_path):
@@ -35,5 +36,5 @@ def test_hub_failure_says_how_to_go_offline(monkeypatch):
         raise ConnectionError("unreachable")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError, match="local directory"):
+    with pytest.raises(UserError, match="ConnectionError: unreachable.*local directory"):   # one line, no traceback
         load_text(parse_source("hf:Salesforce/wikitext:wikitext-103-raw-v1"), "train")
