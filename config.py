@@ -7,6 +7,7 @@ error that suggests the closest field, never silently ignored.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import typing
@@ -133,6 +134,11 @@ def set_dotted(cfg: Config, key: str, raw: str) -> None:
             obj = getattr(obj, p)
             if not dataclasses.is_dataclass(obj):
                 raise ConfigError(f"config key {key!r}: {'.'.join(parts[:i + 1])} is not a section")
+
+
+def parser_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string a script's parser defines: parse_overrides' `flags`, for its typo hints."""
+    return [o for a in parser._actions for o in a.option_strings]
 
 
 def parse_overrides(args: list[str], flags: list[str] = ()) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.utils import set_seed
 from tqdm import tqdm
 
-from config import Config, ConfigError, load_config, save_config, to_dict
+from config import Config, ConfigError, load_config, parser_flags, save_config, to_dict
 from data.prepare import prepare_split
 from data.sampler import BatchSampler, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
@@ -67,7 +67,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
                    help="with --resume: accept settings that differ from the checkpoint's (optimizer, data, seed, "
                         "batch, precision); without it they are an error. The model's shape never may.")
     args, overrides = p.parse_known_args(argv)
-    args.flags = [o for a in p._actions for o in a.option_strings]
+    args.flags = parser_flags(p)
     return args, overrides
 
 

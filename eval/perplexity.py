@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tqdm import tqdm
 
-from config import Config, ConfigError, config_from_dict, parse_overrides, set_dotted
+from config import Config, ConfigError, config_from_dict, parse_overrides, parser_flags, set_dotted
 from data.config import DataConfig, DataSourceError
 from data.prepare import prepare_split
 from data.sources import parse_source
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", help="JSON output (default: <checkpoint>/eval_<split>_<seq_len>_<stride>.json, with "
                    "_<source tag> before .json when --data.* overrides change the split's data)")
     args, rest = p.parse_known_args(argv)
-    overrides = parse_overrides(rest, [o for a in p._actions for o in a.option_strings])   # a typo fails before loading
+    overrides = parse_overrides(rest, parser_flags(p))   # a typo fails before loading the checkpoint
     for k, _ in overrides:
         if not k.startswith("data."):
             raise ConfigError(f"only --data.* overrides apply to evaluation, got --{k}")

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from config import parser_flags  # noqa: E402
 from ops import parse_backend, split_backends  # noqa: E402
 from utils.cli import run_cli  # noqa: E402
 
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     backends = split_backends(args.backends)
     if len(set(backends)) != len(backends) or len(backends) < 2:
         raise SystemExit(f"error: --backends needs two or more distinct backends, got {args.backends!r}")
-    preflight(args.config, overrides, [o for a in p._actions for o in a.option_strings], backends)
+    preflight(args.config, overrides, parser_flags(p), backends)
     stem = Path(args.config).stem
     out = args.out or REPO / "runs" / f"parity_{stem}"
     runs = {b: out / f"{stem}_{slug(b)}" for b in backends}
