@@ -1,0 +1,205 @@
+"""Where chunked linear attention overtakes softmax attention: the token mixers of the 125M configs over T.
+
+    python scripts/bench_crossover.py                          # T = 512 … 16384 at 16,384 tokens per call
+    python scripts/bench_crossover.py --lengths 1024,4096 --backends fused,fla
+
+DESIGN §5: at WikiText-103 block sizes (T = 1–2 k) softmax attention with FlashAttention is faster than chunked
+linear attention, with the crossover near 2–4 k tokens, and that is to be reported, not tuned away. Every row is
+one layer's mixer op at the same number of tokens per call (B = tokens / T), so a linear op's time stays flat
+while softmax attention's grows with T. The 125M configs all have d = 768:
+
+    attention    gpt2_124m    H12 D64              SDPA as the model calls it; SDPA held to FlashAttention-2
+    gla          gla_125m     H12 K = V = 64
+    gated_delta  gdn_125m     H6  K = V = 128
+    ssd          mamba2_130m  H24 P64 N128 G1
+
+Only the mixer is timed: the projections around it differ by family, not by T. Each linear backend is checked
+against naive before it is timed (bench_kernels.run_case, which times naive too), and FlashAttention-2 against
+SDPA's default. Times are do_bench medians, forward and forward+backward, bf16. Writes
+bench/results/<date>-<device>-crossover.{md,json,png}, after every length so that a cut-off run keeps what it
+measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from ops import BackendError, get_op, list_backends
+from scripts.bench_kernels import enable_fla_backward_timing, environment, gdn_case, gla_case, rel, run_case, ssd_case
+
+LINEAR = {"gla": lambda B, T: gla_case("gla_125m", B=B, T=T, H=12, K=64, V=64),
+          "gated_delta": lambda B, T: gdn_case("gdn_125m", B=B, T=T, H=6, K=128, V=128),
+          "ssd": lambda B, T: ssd_case("mamba2_130m", B=B, T=T, H=24, P=64, G=1, N=128)}
+ATTENTION = ("sdpa", "sdpa-fa2")    # SDPA's default choice (cuDNN on the H100), and FlashAttention-2 alone
+BASELINE = "sdpa"
+
+
+def attention_rows(B: int, T: int, H: int = 12, D: int = 64) -> list[dict]:
+    """gpt2_124m's attention op ([B, T, H, D], causal), as SDPA picks its kernel and held to FlashAttention-2."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    attention = get_op("attention", "naive")
+    g = torch.Generator(device="cuda").manual_seed(T)
+    args = [torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(3)]
+    do = torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16()
+    rows, ref = [], None
+    for variant in ATTENTION:
+        def fn():
+            if variant == "sdpa-fa2":
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return attention(*args)
+            return attention(*args)
+
+        row = {"op": "attention", "shape": "gpt2_124m", "dims": dict(B=B, T=T, H=H, D=D), "backend": variant}
+        out = fn()
+        grads = torch.autograd.grad(out, args, do)
+        if ref is None:
+            ref, row["check"] = [out.float(), *(t.float() for t in grads)], "SDPA's default"
+        else:
+            errs = [rel(a, b) for a, b in zip([out, *grads], ref)]
+            row["max_rel_err"] = max(errs)
+            if not all(e <= 5e-3 for e in errs):                  # NaN fails too
+                rows.append({**row, "status": "FAIL", "errs": errs})
+                continue
+            row["check"] = f"ok ({max(errs):.1e} vs SDPA)"
+        del out, grads
+        row["fwd_ms"] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        row["fwdbwd_ms"] = do_bench(lambda: torch.autograd.grad(fn(), args, do), warmup=25, rep=100,
+                                    return_mode="median")
+        rows.append({**row, "status": "ok"})
+    return rows
+
+
+def crossover(lengths: list[int], mine: list[float], base: list[float]) -> str:
+    """The T at which `mine` (ms per length) drops below `base`, interpolated in log T between the two measured
+    lengths that bracket it (log of the time ratio taken as linear in log T); '< first' / '> last' outside."""
+    pts = [(T, math.log(m / b)) for T, m, b in zip(lengths, mine, base) if m == m and b == b]   # NaN: not measured
+    if not pts:
+        return "n/a"
+    if pts[0][1] < 0:
+        return f"< {pts[0][0]}"
+    for (t0, r0), (t1, r1) in zip(pts, pts[1:]):
+        if r1 < 0:
+            x = math.log2(t0) + r0 / (r0 - r1) * (math.log2(t1) - math.log2(t0))
+            return f"≈ {2 ** x:,.0f}"
+    return f"> {pts[-1][0]}"
+
+
+def series(rows: list[dict], lengths: list[int], key: str) -> dict[tuple[str, str], list[float]]:
+    """(op, backend) → `key` per length, NaN where the row is missing or failed."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        out.setdefault((r["op"], r["backend"]), [math.nan] * len(lengths))
+        if r["status"] == "ok":
+            out[(r["op"], r["backend"])][lengths.index(r["dims"]["T"])] = r[key]
+    return out
+
+
+def to_markdown(rows: list[dict], lengths: list[int], tokens: int, env: dict, command: str, notes: list[str]) -> str:
+    lines = [f"# Linear attention against softmax attention over T — {env['date']}, {env['device']}", "",
+             f"Command: `{command}`  ", f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}; bf16; "
+             f"{tokens:,} tokens per call (B = {tokens:,} / T); do_bench medians in ms. The mixers of the 125M "
+             "configs (d = 768): attention H12 D64, gla H12 K=V=64, gated_delta H6 K=V=128, ssd H24 P64 N128.", ""]
+    lines += [f"- {n}" for n in notes] + ([""] if notes else [])
+    for key, title in (("fwdbwd_ms", "Forward+backward"), ("fwd_ms", "Forward")):
+        s = series(rows, lengths, key)
+        base = s.get(("attention", BASELINE), [math.nan] * len(lengths))
+        lines += [f"## {title}", "", "| op | backend | " + " | ".join(f"T {T}" for T in lengths)
+                  + f" | faster than {BASELINE} from T |", "|" + "---|" * (len(lengths) + 3)]
+        for (op, backend), ms in s.items():
+            cells = [("—" if m != m else f"{m:.3f}" + ("" if op == "attention" or b != b else f" ({b / m:.2f}×)"))
+                     for m, b in zip(ms, base)]
+            cross = "" if op == "attention" else crossover(lengths, ms, base)
+            lines.append(f"| {op} | {backend} | " + " | ".join(cells) + f" | {cross} |")
+        lines.append("")
+    unavailable = {(r["op"], r["backend"]): r["why"] for r in rows if r["status"] == "n/a"}   # once, not per T
+    lines += [f"- {op}/{backend}: n/a, {why}" for (op, backend), why in unavailable.items()]
+    lines += [f"- {r['op']}/{r['backend']} at T {r['dims']['T']}: FAIL, errors "
+              + ", ".join(f"{e:.1e}" for e in r["errs"]) for r in rows if r["status"] == "FAIL"]
+    lines += ["", f"(x×): {BASELINE}'s time ÷ this row's, so above 1 the linear op is faster. The crossover is "
+              "interpolated between the two measured lengths that bracket it (time ratio log-linear in T)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], lengths: list[int], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key in zip(axes, ("fwd_ms", "fwdbwd_ms")):
+        for (op, backend), ms in series(rows, lengths, key).items():
+            if backend != "naive":          # the PyTorch oracle: in the tables, off the plot's scale
+                ax.plot(lengths, ms, marker="o", ls="-" if op == "attention" else "--", label=f"{op}/{backend}")
+        ax.set(xscale="log", yscale="log", xlabel="T (tokens per call fixed)", ylabel="ms (median)",
+               title=key.replace("_ms", "").replace("fwdbwd", "fwd+bwd"))
+        ax.set_xticks(lengths, [str(T) for T in lengths])
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated T")
+    p.add_argument("--tokens", type=int, default=16384, help="B·T per call; every T must divide it")
+    p.add_argument("--ops", default=",".join(LINEAR), help="comma-separated linear ops")
+    p.add_argument("--backends", default="", help="linear ops' backends besides naive (default: all)")
+    p.add_argument("--out", default="bench/results", help="folder for the .md/.json/.png")
+    args = p.parse_args(argv)
+    lengths = sorted(int(t) for t in args.lengths.split(","))
+    if bad := [T for T in lengths if args.tokens % T]:
+        p.error(f"--tokens {args.tokens} is not a multiple of T = {', '.join(map(str, bad))}")
+    if unknown := sorted(set(args.ops.split(",")) - set(LINEAR)):
+        p.error(f"unknown op(s) {', '.join(unknown)}; linear ops: {', '.join(LINEAR)}")
+    if not torch.cuda.is_available():
+        sys.exit("error: the crossover benchmark times GPU kernels; run it on a CUDA machine")
+    notes = [n for n in [enable_fla_backward_timing()] if n]
+    env = environment()
+    stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-crossover"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    command = ("python scripts/bench_crossover.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    rows: list[dict] = []
+    for T in lengths:
+        B, start = args.tokens // T, len(rows)
+        rows += attention_rows(B, T)
+        for op in args.ops.split(","):
+            case = LINEAR[op](B, T)
+            ref_row = run_case(case, "naive", None, "cuda")
+            ref = ref_row.pop("ref", None)
+            rows.append(ref_row)
+            for b in list_backends(op):
+                if b != "naive" and (not args.backends or b in args.backends.split(",")):
+                    rows.append(run_case(case, b, ref, "cuda"))
+            del ref
+        for r in rows[start:]:
+            print(f"T {T:>6} {r['op']:>11} {r['backend']:<8} {r['status']:<4} "
+                  + (f"fwd {r['fwd_ms']:.3f}  fwd+bwd {r['fwdbwd_ms']:.3f} ms" if r["status"] == "ok"
+                     else str(r.get("why", r.get("errs", "")))), flush=True)
+        torch.cuda.empty_cache()
+        write_results(rows, lengths, args.tokens, env, command, notes, stem)
+    print(stem.with_suffix(".md").read_text())
+    return rows
+
+
+def write_results(rows, lengths, tokens, env, command, notes, stem: Path) -> None:
+    stem.with_suffix(".md").write_text(to_markdown(rows, lengths, tokens, env, command, notes))
+    stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "notes": notes,
+                                                     "tokens": tokens, "rows": rows}, indent=1, default=str))
+    plot(rows, lengths, stem.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BackendError as e:
+        sys.exit(f"error: {e}")

@@ -1,0 +1,62 @@
+"""The crossover benchmark's report (the timing itself needs a GPU): where a linear op overtakes SDPA, the table,
+the plot, and the argument checks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from scripts.bench_crossover import crossover, main, plot, to_markdown
+
+LENGTHS = [512, 1024, 2048, 4096]
+
+
+def test_crossover_is_interpolated_in_log_t_between_the_bracketing_lengths():
+    base = [1.0, 1.0, 1.0, 1.0]
+    # log ratio 0.405 at 1024, −0.693 at 2048: 2^(10 + 0.405 / 1.099) = 1,323
+    assert crossover(LENGTHS, [2.0, 1.5, 0.5, 0.25], base) == "≈ 1,323"
+    assert crossover(LENGTHS, [2.0, 2.0, 1.0 / 2, 0.1], base) == "≈ 1,448"  # ±log 2: the midpoint, 2^10.5
+    assert crossover(LENGTHS, [0.9, 2.0, 2.0, 2.0], base) == "< 512"
+    assert crossover(LENGTHS, [2.0, 2.0, 2.0, 1.1], base) == "> 4096"
+    assert crossover(LENGTHS, [2.0, math.nan, 0.5, 0.5], base) == "≈ 1,024"   # an unmeasured length is skipped
+    assert crossover(LENGTHS, [math.nan] * 4, base) == "n/a"
+
+
+def rows_for(op, backend, ms, status="ok"):
+    return [{"op": op, "backend": backend, "dims": {"T": T}, "status": status, "fwd_ms": m / 3, "fwdbwd_ms": m}
+            for T, m in zip(LENGTHS, ms)]
+
+
+def test_report_gives_ratios_to_sdpa_crossovers_and_failures(tmp_path):
+    rows = (rows_for("attention", "sdpa", [1.0, 2.0, 4.0, 8.0])
+            + rows_for("attention", "sdpa-fa2", [1.2, 2.4, 4.8, 9.6])
+            + rows_for("gla", "naive", [9.0, 9.0, 9.0, 9.0]) + rows_for("gla", "fused", [2.0, 2.0, 2.0, 2.0])
+            + [{"op": "gla", "backend": "fla", "dims": {"T": 512}, "status": "FAIL", "errs": [0.5, math.nan]}]
+            + [{"op": "ssd", "backend": "fla", "dims": {"T": T}, "status": "n/a", "why": "not installed"}
+               for T in LENGTHS])
+    env = {"date": "2026-11-25", "device": "X", "torch": "t", "triton": "tr", "fla": "f"}
+    md = to_markdown(rows, LENGTHS, 16384, env, "cmd", [])
+    fused = next(line for line in md.splitlines() if line.startswith("| gla | fused |"))
+    assert fused == "| gla | fused | 2.000 (0.50×) | 2.000 (1.00×) | 2.000 (2.00×) | 2.000 (4.00×) | ≈ 1,024 |"
+    assert "| attention | sdpa | 1.000 | 2.000 | 4.000 | 8.000 |  |" in md
+    assert "- gla/fla at T 512: FAIL, errors 5.0e-01, nan" in md
+    assert md.count("ssd/fla: n/a, not installed") == 1
+    assert "| gla | fla | — | — | — | — | n/a |" in md
+    plot(rows, LENGTHS, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_arguments_are_checked_before_any_gpu_work(capsys):
+    with pytest.raises(SystemExit):
+        main(["--tokens", "1000", "--lengths", "512"])
+    assert "not a multiple of T = 512" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--ops", "gla,mamba"])
+    assert "unknown op(s) mamba" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")
+def test_without_a_gpu_it_says_so():
+    with pytest.raises(SystemExit, match="run it on a CUDA machine"):
+        main(["--lengths", "512"])
