@@ -3,6 +3,9 @@
     python scripts/bench_crossover.py                          # T = 512 … 16384 at 16,384 tokens per call
     python scripts/bench_crossover.py --lengths 1024,4096 --backends fused,fla
 
+fla's kernels autotune at first use: about four minutes for GLA alone on the H100 (../shared/GPU.md), more with
+all three ops, so a run that includes the fla backend needs that much more time before its first row.
+
 DESIGN §5: at WikiText-103 block sizes (T = 1–2 k) softmax attention with FlashAttention is faster than chunked
 linear attention, with the crossover near 2–4 k tokens, and that is to be reported, not tuned away. Every row is
 one layer's mixer op at the same number of tokens per call (B = tokens / T), so a linear op's time stays flat
@@ -169,22 +172,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     command = ("python scripts/bench_crossover.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     rows: list[dict] = []
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        print(f"T {row['dims']['T']:>6} {row['op']:>11} {row['backend']:<8} {row['status']:<4} "
+              + (f"fwd {row['fwd_ms']:.3f}  fwd+bwd {row['fwdbwd_ms']:.3f} ms" if row["status"] == "ok"
+                 else str(row.get("why", row.get("errs", "")))), flush=True)
+
     for T in lengths:
-        B, start = args.tokens // T, len(rows)
-        rows += attention_rows(B, T)
+        B = args.tokens // T
+        for row in attention_rows(B, T):
+            record(row)
         for op in args.ops.split(","):
             case = LINEAR[op](B, T)
             ref_row = run_case(case, "naive", None, "cuda")
             ref = ref_row.pop("ref", None)
-            rows.append(ref_row)
+            record(ref_row)
             for b in list_backends(op):
                 if b != "naive" and (not args.backends or b in args.backends.split(",")):
-                    rows.append(run_case(case, b, ref, "cuda"))
+                    record(run_case(case, b, ref, "cuda"))
             del ref
-        for r in rows[start:]:
-            print(f"T {T:>6} {r['op']:>11} {r['backend']:<8} {r['status']:<4} "
-                  + (f"fwd {r['fwd_ms']:.3f}  fwd+bwd {r['fwdbwd_ms']:.3f} ms" if r["status"] == "ok"
-                     else str(r.get("why", r.get("errs", "")))), flush=True)
         torch.cuda.empty_cache()
         write_results(rows, lengths, args.tokens, env, command, notes, stem)
     print(stem.with_suffix(".md").read_text())
