@@ -115,21 +115,32 @@ def to_markdown(rows: list[dict], lengths: list[int], tokens: int, env: dict, co
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
     for key, title in (("fwdbwd_ms", "Forward+backward"), ("fwd_ms", "Forward")):
         s = series(rows, lengths, key)
-        base = s.get(("attention", BASELINE), [math.nan] * len(lengths))
+        nan = [math.nan] * len(lengths)
+        base = s.get(("attention", BASELINE), nan)
         lines += [f"## {title}", "", "| op | backend | " + " | ".join(f"T {T}" for T in lengths)
-                  + f" | faster than {BASELINE} from T |", "|" + "---|" * (len(lengths) + 3)]
+                  + "".join(f" | faster than {a} from T" for a in ATTENTION) + " |",
+                  "|" + "---|" * (len(lengths) + 2 + len(ATTENTION))]
         for (op, backend), ms in s.items():
             cells = [("—" if m != m else f"{m:.3f}" + ("" if op == "attention" or b != b else f" ({b / m:.2f}×)"))
                      for m, b in zip(ms, base)]
-            cross = "" if op == "attention" else crossover(lengths, ms, base)
-            lines.append(f"| {op} | {backend} | " + " | ".join(cells) + f" | {cross} |")
+            cross = ["" if op == "attention" else crossover(lengths, ms, s.get(("attention", a), nan))
+                     for a in ATTENTION]
+            lines.append(f"| {op} | {backend} | " + " | ".join(cells + cross) + " |")
         lines.append("")
+    errs: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if "max_rel_err" in r and r["status"] == "ok":
+            errs[(r["op"], r["backend"])] = max(errs.get((r["op"], r["backend"]), 0.0), r["max_rel_err"])
+    lines += ["Checked before timing, output and every input gradient, largest relative error over the lengths: "
+              + "; ".join(f"{op}/{b} {e:.1e} against {'SDPA' if op == 'attention' else 'naive'}"
+                          for (op, b), e in errs.items()) + " (the bound is 5e-3).", ""]
     unavailable = {(r["op"], r["backend"]): r["why"] for r in rows if r["status"] == "n/a"}   # once, not per T
     lines += [f"- {op}/{backend}: n/a, {why}" for (op, backend), why in unavailable.items()]
     lines += [f"- {r['op']}/{r['backend']} at T {r['dims']['T']}: FAIL, errors "
               + ", ".join(f"{e:.1e}" for e in r["errs"]) for r in rows if r["status"] == "FAIL"]
-    lines += ["", f"(x×): {BASELINE}'s time ÷ this row's, so above 1 the linear op is faster. The crossover is "
-              "interpolated between the two measured lengths that bracket it (time ratio log-linear in T)."]
+    lines += ["", f"(x×): {BASELINE}'s time ÷ this row's, so above 1 the linear op is faster. Each crossover is "
+              "interpolated between the two measured lengths that bracket it (time ratio log-linear in T); "
+              f"{BASELINE} is SDPA's own choice of kernel, sdpa-fa2 SDPA held to FlashAttention-2."]
     return "\n".join(lines) + "\n"
 
 
@@ -166,7 +177,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         p.error(f"unknown op(s) {', '.join(unknown)}; linear ops: {', '.join(LINEAR)}")
     if not torch.cuda.is_available():
         sys.exit("error: the crossover benchmark times GPU kernels; run it on a CUDA machine")
-    notes = [n for n in [enable_fla_backward_timing()] if n]
+    with_fla = not args.backends or "fla" in args.backends.split(",")
+    notes = [n for n in [enable_fla_backward_timing() if with_fla else None] if n]
     env = environment()
     stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-crossover"
     stem.parent.mkdir(parents=True, exist_ok=True)
