@@ -30,6 +30,7 @@ from ops import BackendError
 COMPONENTS = ()                # one kernel; `--fuse` has nothing to choose here
 HEAD_DIMS = (64,)
 SPLITS = (1, 2, 4)             # key groups per block: 4, 8 or 16 warps
+TILE_BYTES = 64 * (64 + 8) * 2  # csrc's Tile: 64 rows of fp16 at the padded pitch PAD_H = 72
 _SOURCE = Path(__file__).parent / "csrc" / "wmma_attention.cu"
 
 
@@ -91,15 +92,36 @@ def a_layout_matches(got: torch.Tensor) -> bool:
     return torch.equal(got[:, :8], c) and (bool((high == -1).all()) or torch.equal(high, c))
 
 
-def plan_split(B: int, H: int, T: int, causal: bool, sms: int | None = None) -> int:
+def smem_bytes(split: int) -> int:
+    """Shared memory per block of the kernel with `split` key groups, sizeof(Smem<split>) in csrc: the query
+    tile and each group's double-buffered K and V tiles (the larger member of its union); on the H100 kernel_info
+    reports the same (tests/ops/test_attention.py)."""
+    return (1 + 4 * split) * TILE_BYTES
+
+
+def max_smem_bytes() -> int:
+    """The current GPU's opt-in shared memory per block: 227 KB on the H100, 163 KB on the A100, 99 KB on sm86."""
+    return _max_smem_bytes(torch.cuda.current_device())
+
+
+@functools.cache    # a driver query: once per device, not on every call of a microsecond-scale op
+def _max_smem_bytes(device: int) -> int:
+    import triton
+
+    return triton.runtime.driver.active.utils.get_device_properties(device)["max_shared_mem"]
+
+
+def plan_split(B: int, H: int, T: int, causal: bool, sms: int | None = None, smem_limit: int | None = None) -> int:
     """Key groups per block. Splitting pays only when the B·H·⌈T/64⌉ blocks leave SMs idle; each group
-    keeps at least two key tiles (the longest row of a causal launch has ⌈T/64⌉)."""
+    keeps at least two key tiles (the longest row of a causal launch has ⌈T/64⌉), and the block's shared memory
+    must fit the GPU's (split 4 needs 153 KB: not on sm86/sm89). sms, smem_limit: None for the current GPU's."""
     sms = sms or torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    smem_limit = smem_limit or max_smem_bytes()
     tiles = -(-T // 64)
     blocks = B * H * tiles
     split = 1
     for s in SPLITS:
-        if blocks <= sms and tiles >= 2 * s:
+        if blocks <= sms and tiles >= 2 * s and smem_bytes(s) <= smem_limit:
             split = s
     return split
 
@@ -135,6 +157,10 @@ def wmma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     split = plan_split(B, H, T, causal) if split is None else split
     if split not in SPLITS:
         raise BackendError(f"op 'attention', backend 'fused': key split {split} is not built (splits: {SPLITS})")
+    if smem_bytes(split) > (limit := max_smem_bytes()):
+        raise BackendError(f"op 'attention', backend 'fused': key split {split} needs {smem_bytes(split):,} B of "
+                           f"shared memory per block, more than this GPU's {limit:,} B; leave split to plan_split "
+                           "(None)")
     o = torch.empty_like(qh)
     extension().forward(qh, kh, vh, o, causal, scale, split)
     return o.to(q.dtype)

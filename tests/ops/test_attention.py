@@ -117,10 +117,13 @@ def test_assumed_layout_is_a_permutation():
 def test_plan_split_only_when_sms_idle():
     from ops.attention.fused import plan_split
 
-    assert plan_split(1, 8, 512, False, sms=132) == 4        # 64 blocks, 8 key tiles: 4 groups of 2
-    assert plan_split(1, 8, 200, True, sms=132) == 2         # 4 key tiles at most
-    assert plan_split(1, 1, 64, False, sms=132) == 1         # one tile: nothing to split
-    assert plan_split(8, 12, 2048, True, sms=132) == 1       # 3072 blocks fill the GPU
+    h100 = dict(sms=132, smem_limit=232_448)
+    assert plan_split(1, 8, 512, False, **h100) == 4        # 64 blocks, 8 key tiles: 4 groups of 2
+    assert plan_split(1, 8, 200, True, **h100) == 2         # 4 key tiles at most
+    assert plan_split(1, 1, 64, False, **h100) == 1         # one tile: nothing to split
+    assert plan_split(8, 12, 2048, True, **h100) == 1       # 3072 blocks fill the GPU
+    assert plan_split(1, 8, 512, False, sms=108, smem_limit=166_912) == 4    # the A100: split 4's 153 KB fit
+    assert plan_split(1, 8, 512, False, sms=84, smem_limit=101_376) == 2     # sm86's 99 KB: split 4 does not
 
 
 @needs_gpu
@@ -143,9 +146,10 @@ def test_wmma_kernel_info():
     tile = 64 * 72 * 2                          # a padded 64 × 64 fp16 tile
     for split in fused.SPLITS:
         info = fused.kernel_info(causal=True, split=split)
-        # at least the Q tile and each key group's double-buffered K and V tiles
+        # the Q tile and each key group's double-buffered K and V tiles
         assert info["registers"] > 0 and info["blocks_per_sm"] >= 1, info
-        assert info["smem_bytes"] >= (1 + 4 * split) * tile, info
+        assert info["smem_bytes"] == (1 + 4 * split) * tile == fused.smem_bytes(split), info   # plan_split's figure
+        assert fused.smem_bytes(split) <= fused.max_smem_bytes()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without a GPU")
