@@ -1,0 +1,37 @@
+"""scripts/check_sm80.py: the launches a model makes are captured under the interpreter and compiled for sm80 and
+sm90 on a CPU; a launch over the A100's shared memory is reported as not fitting."""
+from __future__ import annotations
+
+import json
+
+from scripts.check_sm80 import LIMITS, main, to_markdown
+
+
+def test_smoke_model_launches_compile_for_sm80_and_sm90(tmp_path):
+    rows = main(["--configs", "smoke", "--backends", "fused", "--out", str(tmp_path)])
+    kernels = {r["kernel"] for r in rows}
+    assert {"chunk_fwd_h_kernel", "gemm_res_kernel", "chunk_cumsum_kernel"} <= kernels, kernels
+    for r in rows:
+        assert "error" not in r, r
+        assert r["users"] == ["smoke/fused"]
+        for cc in (80, 90):
+            assert 0 < r[f"sm{cc}"]["shared"] <= LIMITS[cc] and r[f"sm{cc}"]["registers"] > 0, (cc, r)
+    state = next(r for r in rows if r["kernel"] == "chunk_fwd_h_kernel")
+    assert state["sm80"]["tiles"]["K"] == 32 and state["sm80"]["tiles"]["V"] == 64     # the smoke layer's head dims
+    md = next(tmp_path.glob("*-sm80-compile.md")).read_text()
+    assert f"**{len(rows)} distinct launches; 0 exceed the A100's shared memory; 0 did not compile.**" in md
+    assert json.loads(next(tmp_path.glob("*-sm80-compile.json")).read_text())["rows"][0]["sm80"]["shared"] > 0
+
+
+def test_a_launch_over_the_a100_limit_is_flagged():
+    fits = {"shared": 1024, "registers": 40, "spill_bytes": 0, "tiles": {"BT": 64}, "num_warps": 4, "num_stages": 2}
+    big = {**fits, "shared": LIMITS[80] + 1}
+    rows = [{"module": "ops.x", "kernel": "small", "users": ["a/fused"], "sm80": fits, "sm90": fits},
+            {"module": "ops.x", "kernel": "big", "users": ["b/chunk"], "sm80": big, "sm90": big},
+            {"module": "ops.x", "kernel": "broken", "users": ["c/fused"], "error": "CompilationError: x"}]
+    md = to_markdown(rows, ["gpt2_ramla_124m on chunk: no chunk backend"], {"date": "d", "triton": "t", "torch": "p"},
+                     "cmd")
+    assert "**3 distinct launches; 1 exceed the A100's shared memory; 1 did not compile.**" in md
+    assert f"| `x.big` | BT=64 | 4, 2 | {LIMITS[80] + 1:,} | 40, 0 |" in md and "| **no** | b/chunk |" in md
+    assert "| yes | a/fused |" in md and "compile error: CompilationError: x" in md
+    assert "- not captured: gpt2_ramla_124m on chunk: no chunk backend" in md
