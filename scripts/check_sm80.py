@@ -179,7 +179,7 @@ def to_markdown(rows: list[dict], skipped: list[str], env: dict, command: str) -
              f"{LIMITS[80]:,} B on the A100, {LIMITS[90]:,} B on the H100.", "",
              f"**{len(rows)} distinct launches; {len(over)} exceed the A100's shared memory; {len(failed)} did not "
              "compile.**", "",
-             "| kernel | constexprs (ints) | warps, stages | sm80 shared B | sm80 regs, spill B | sm90 shared B "
+             "| kernel | constexprs | warps, stages | sm80 shared B | sm80 regs, spill B | sm90 shared B "
              "| sm90 regs, spill B | fits the A100 | used by |", "|" + "---|" * 9]
     for r in sorted(rows, key=lambda r: (r["module"], r["kernel"])):
         name = f"`{r['module'].removeprefix('ops.')}.{r['kernel']}`"
