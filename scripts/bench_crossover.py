@@ -3,13 +3,14 @@
     python scripts/bench_crossover.py                          # T = 512 … 16384 at 16,384 tokens per call
     python scripts/bench_crossover.py --lengths 1024,4096 --backends fused,fla
 
-fla's kernels autotune at first use: about four minutes for GLA alone on the H100 (../shared/GPU.md), more with
-all three ops, so a run that includes the fla backend needs that much more time before its first row.
+fla's kernels autotune at first use: minutes per op on the H100 (about four for GLA's forward and backward), so
+a run that includes the fla backend spends that long before its first fla row.
 
 DESIGN §5: at WikiText-103 block sizes (T = 1–2 k) softmax attention with FlashAttention is faster than chunked
 linear attention, with the crossover near 2–4 k tokens, and that is to be reported, not tuned away. Every row is
-one layer's mixer op at the same number of tokens per call (B = tokens / T), so a linear op's time stays flat
-while softmax attention's grows with T. The 125M configs all have d = 768:
+one layer's mixer op at the same number of tokens per call (B = tokens / T), so a linear op's work stays the same
+while softmax attention's grows with T (at large T the linear ops' B·H programs may no longer fill the GPU, which
+shows in their times). The 125M configs all have d = 768:
 
     attention    gpt2_124m    H12 D64              SDPA as the model calls it; SDPA held to FlashAttention-2
     gla          gla_125m     H12 K = V = 64
@@ -35,7 +36,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from ops import BackendError, get_op, list_backends
+from ops import BACKENDS, BackendError, get_op, list_backends
 from scripts.bench_kernels import enable_fla_backward_timing, environment, gdn_case, gla_case, rel, run_case, ssd_case
 
 LINEAR = {"gla": lambda B, T: gla_case("gla_125m", B=B, T=T, H=12, K=64, V=64),
@@ -63,7 +64,11 @@ def attention_rows(B: int, T: int, H: int = 12, D: int = 64) -> list[dict]:
             return attention(*args)
 
         row = {"op": "attention", "shape": "gpt2_124m", "dims": dict(B=B, T=T, H=H, D=D), "backend": variant}
-        out = fn()
+        try:
+            out = fn()
+        except RuntimeError as e:          # e.g. no FlashAttention-2 kernel for this GPU or dtype
+            rows.append({**row, "status": "n/a", "why": str(e).splitlines()[0]})
+            continue
         grads = torch.autograd.grad(out, args, do)
         if ref is None:
             ref, row["check"] = [out.float(), *(t.float() for t in grads)], "SDPA's default"
@@ -108,6 +113,8 @@ def series(rows: list[dict], lengths: list[int], key: str) -> dict[tuple[str, st
 
 
 def to_markdown(rows: list[dict], lengths: list[int], tokens: int, env: dict, command: str, notes: list[str]) -> str:
+    """The report: forward+backward and forward tables, each linear row with its crossover T against each
+    attention variant, then every check's largest error and every row that did not run."""
     lines = [f"# Linear attention against softmax attention over T — {env['date']}, {env['device']}", "",
              f"Command: `{command}`  ", f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}; bf16; "
              f"{tokens:,} tokens per call (B = {tokens:,} / T); do_bench medians in ms. The mixers of the 125M "
@@ -139,12 +146,14 @@ def to_markdown(rows: list[dict], lengths: list[int], tokens: int, env: dict, co
     lines += [f"- {r['op']}/{r['backend']} at T {r['dims']['T']}: FAIL, errors "
               + ", ".join(f"{e:.1e}" for e in r["errs"]) for r in rows if r["status"] == "FAIL"]
     lines += ["", f"(x×): {BASELINE}'s time ÷ this row's, so above 1 the linear op is faster. Each crossover is "
-              "interpolated between the two measured lengths that bracket it (time ratio log-linear in T); "
+              "interpolated between the two measured lengths that bracket it (the log of the time ratio linear in "
+              "log T); "
               f"{BASELINE} is SDPA's own choice of kernel, sdpa-fa2 SDPA held to FlashAttention-2."]
     return "\n".join(lines) + "\n"
 
 
 def plot(rows: list[dict], lengths: list[int], path: Path) -> None:
+    """ms against T, forward and forward+backward, every row but naive's, log-log."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -163,6 +172,7 @@ def plot(rows: list[dict], lengths: list[int], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    """Check and time every length; returns the rows written to the report."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="512,1024,2048,4096,8192,16384", help="comma-separated T")
     p.add_argument("--tokens", type=int, default=16384, help="B·T per call; every T must divide it")
@@ -170,11 +180,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--backends", default="", help="linear ops' backends besides naive (default: all)")
     p.add_argument("--out", default="bench/results", help="folder for the .md/.json/.png")
     args = p.parse_args(argv)
-    lengths = sorted(int(t) for t in args.lengths.split(","))
+    try:
+        lengths = sorted({int(t) for t in args.lengths.split(",")})
+    except ValueError:
+        p.error(f"--lengths {args.lengths!r}: expected comma-separated integers, e.g. 512,1024,2048")
+    if lengths[0] < 1:
+        p.error("--lengths: every T must be at least 1")
     if bad := [T for T in lengths if args.tokens % T]:
         p.error(f"--tokens {args.tokens} is not a multiple of T = {', '.join(map(str, bad))}")
     if unknown := sorted(set(args.ops.split(",")) - set(LINEAR)):
         p.error(f"unknown op(s) {', '.join(unknown)}; linear ops: {', '.join(LINEAR)}")
+    if args.backends and (unknown := sorted(set(args.backends.split(",")) - set(BACKENDS))):
+        p.error(f"unknown backend(s) {', '.join(unknown)}; backends: {', '.join(BACKENDS)}")
     if not torch.cuda.is_available():
         sys.exit("error: the crossover benchmark times GPU kernels; run it on a CUDA machine")
     with_fla = not args.backends or "fla" in args.backends.split(",")
@@ -210,7 +227,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     return rows
 
 
-def write_results(rows, lengths, tokens, env, command, notes, stem: Path) -> None:
+def write_results(rows: list[dict], lengths: list[int], tokens: int, env: dict, command: str, notes: list[str],
+                  stem: Path) -> None:
+    """<stem>.md, .json and .png, rewritten after every length."""
     stem.with_suffix(".md").write_text(to_markdown(rows, lengths, tokens, env, command, notes))
     stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "notes": notes,
                                                      "tokens": tokens, "rows": rows}, indent=1, default=str))

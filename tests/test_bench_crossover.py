@@ -60,6 +60,13 @@ def test_arguments_are_checked_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit):
         main(["--ops", "gla,mamba"])
     assert "unknown op(s) mamba" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--backends", "fuse"])
+    assert "unknown backend(s) fuse" in capsys.readouterr().err
+    for bad in ("512,", "0"):
+        with pytest.raises(SystemExit):
+            main(["--lengths", bad])
+        assert "--lengths" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")

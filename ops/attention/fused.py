@@ -99,9 +99,10 @@ def smem_bytes(split: int) -> int:
     return (1 + 4 * split) * TILE_BYTES
 
 
-def max_smem_bytes() -> int:
-    """The current GPU's opt-in shared memory per block: 227 KB on the H100, 163 KB on the A100, 99 KB on sm86."""
-    return _max_smem_bytes(torch.cuda.current_device())
+def max_smem_bytes(device: torch.device | None = None) -> int:
+    """A GPU's opt-in shared memory per block (None: the current one's): 227 KB on the H100, 163 KB on the A100,
+    99 KB on sm86."""
+    return _max_smem_bytes(torch.cuda.current_device() if device is None or device.index is None else device.index)
 
 
 @functools.cache    # a driver query: once per device, not on every call of a microsecond-scale op
@@ -154,10 +155,12 @@ def wmma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     qh, kh, vh = (x.half().contiguous() for x in (q, k, v))
     qh, kh, vh = (x if x.data_ptr() % 16 == 0 else x.clone() for x in (qh, kh, vh))
     B, T, H, _ = q.shape
-    split = plan_split(B, H, T, causal) if split is None else split
+    limit = max_smem_bytes(q.device)          # q's GPU, which the extension launches on
+    if split is None:
+        split = plan_split(B, H, T, causal, torch.cuda.get_device_properties(q.device).multi_processor_count, limit)
     if split not in SPLITS:
         raise BackendError(f"op 'attention', backend 'fused': key split {split} is not built (splits: {SPLITS})")
-    if smem_bytes(split) > (limit := max_smem_bytes()):
+    if smem_bytes(split) > limit:
         raise BackendError(f"op 'attention', backend 'fused': key split {split} needs {smem_bytes(split):,} B of "
                            f"shared memory per block, more than this GPU's {limit:,} B; leave split to plan_split "
                            "(None)")
