@@ -11,7 +11,9 @@ available to us, and a kernel whose tiles need more shared memory than the A100'
 1. capture (a subprocess under TRITON_INTERPRET=1): each config's model, one layer, trains one step at B1 T64 in
    bf16 autocast on each backend, and every kernel launch's arguments, constexprs and launch options are recorded.
    The data-movement model plans the fused scan for the A100 (movement.device_model) and for the training shape,
-   B8 T2048 (the tiles it would pick there, not at T64); the kernels take T as a runtime argument.
+   B8 T2048 (the tiles it would pick there, not at T64); the kernels take T as a runtime argument. Other choices
+   that depend on the shape (the state scan's split into segments, RA+MLA's heads per program) are the ones T64
+   makes. Pointers 16-byte aligned and ints divisible by 16 get Triton's divisibility hints, as on a GPU.
 2. compile: each distinct launch is compiled ahead of time for sm80 and sm90 with Triton's own compiler, whose
    ptxas run reports registers and spills. The table gives shared memory per block against each device's limit.
 
@@ -81,11 +83,12 @@ def capture(config: str, backend: str) -> list[dict]:
     return list(seen.values())
 
 
-def arg_spec(v) -> list:
+def arg_spec(v: object) -> list:
+    """A launch argument as JSON: [kind, value]; a tensor as ["ptr", dtype, 16-byte aligned]."""
     import torch
 
     if isinstance(v, torch.Tensor):
-        return ["ptr", str(v.dtype).removeprefix("torch.")]
+        return ["ptr", str(v.dtype).removeprefix("torch."), v.data_ptr() % 16 == 0]
     if v is None:
         return ["none", None]
     if isinstance(v, (bool, int, float, str)):
@@ -108,28 +111,33 @@ def compile_launch(launch: dict, cc: int) -> dict:
     fn = getattr(importlib.import_module(launch["module"]), launch["kernel"])
     while not isinstance(fn, triton.runtime.JITFunction):   # autotune / heuristics wrappers
         fn = fn.fn
-    args, signature, constexprs = launch["args"], {}, {}
+    args, signature, constexprs, attrs = launch["args"], {}, {}, {}
     options = {k: args[k][1] for k in ("num_warps", "num_stages") if k in args}
-    for p in fn.params:
-        kind, value = args[p.name] if p.name in args else ("default", p.default)
+    for i, p in enumerate(fn.params):
+        kind, value, *aligned = args[p.name] if p.name in args else ("default", p.default)
         if p.is_constexpr or kind in ("none", "default", "str"):
             signature[p.name], constexprs[p.name] = "constexpr", value
         elif kind == "ptr":
             signature[p.name] = "*" + TRITON_TYPES[value]
         else:
             signature[p.name] = {"bool": "i1", "float": "fp32"}.get(kind) or ("i32" if abs(value) < 2 ** 31 else "i64")
+        # the hints a GPU launch specialises on: 16-byte-aligned pointers and ints divisible by 16 (they decide
+        # vectorised and cp.async loads, so shared memory and registers)
+        if not p.is_constexpr and not getattr(p, "do_not_specialize", False) and (
+                (kind == "ptr" and aligned[0]) or (kind == "int" and value % 16 == 0)):
+            attrs[(i,)] = [["tt.divisibility", 16]]
     triton.knobs.compilation.always_compile = True     # a cached kernel would skip ptxas and its log
     triton.knobs.nvidia.dump_ptxas_log = True          # Triton's own ptxas run prints its -v report
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", cc, 32),
+        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
                                 options=options)
     out = log.getvalue()
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
     return {"shared": kernel.metadata.shared, "registers": int(regs.group(1)) if regs else None,
             "spill_bytes": int(spills.group(1)) if spills else None,
-            "tiles": {k: v for k, v in constexprs.items() if re.fullmatch(r"B[A-Z]*|[A-Z]{1,3}", k) and v is not None},
+            "tiles": {k: v for k, v in constexprs.items() if v is not None},
             "num_warps": options.get("num_warps", 4), "num_stages": options.get("num_stages", 3)}
 
 
@@ -169,6 +177,7 @@ def run_captures(configs: list[str], backends: list[str]) -> tuple[dict[str, dic
 
 
 def to_markdown(rows: list[dict], skipped: list[str], env: dict, command: str) -> str:
+    """The report: one table row per launch, the summary line first."""
     over = [r for r in rows if r.get("sm80", {}).get("shared", 0) > LIMITS[80]]
     failed = [r for r in rows if "error" in r]
     lines = [f"# Triton kernels compiled for the A100 (sm80) and the H100 (sm90) — {env['date']}", "",
@@ -178,7 +187,7 @@ def to_markdown(rows: list[dict], skipped: list[str], env: dict, command: str) -
              f"at B{TRAIN_B} T{TRAIN_T}. Shared memory per block against the opt-in limit: "
              f"{LIMITS[80]:,} B on the A100, {LIMITS[90]:,} B on the H100.", "",
              f"**{len(rows)} distinct launches; {len(over)} exceed the A100's shared memory; {len(failed)} did not "
-             "compile.**", "",
+             f"compile; {len(skipped)} config/backend pairs not captured (listed below).**", "",
              "| kernel | constexprs | warps, stages | sm80 shared B | sm80 regs, spill B | sm90 shared B "
              "| sm90 regs, spill B | fits the A100 | used by |", "|" + "---|" * 9]
     for r in sorted(rows, key=lambda r: (r["module"], r["kernel"])):
@@ -198,6 +207,7 @@ def to_markdown(rows: list[dict], skipped: list[str], env: dict, command: str) -
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    """Capture, compile, write the report; returns its rows (empty in the capture and compile subprocesses)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated config names (configs/*.yaml)")
     p.add_argument("--backends", default="chunk,fused", help="comma-separated backends")
@@ -219,6 +229,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     configs = args.configs.split(",")
     if unknown := [c for c in configs if not (ROOT / "configs" / f"{c}.yaml").is_file()]:
         p.error(f"no config {', '.join(unknown)} under configs/")
+    from ops import BACKENDS
+
+    if unknown := [b for b in args.backends.split(",") if b not in BACKENDS]:
+        p.error(f"unknown backend(s) {', '.join(unknown)}; backends: {', '.join(BACKENDS)}")
     import torch
     import triton
 

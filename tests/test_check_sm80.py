@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from scripts.check_sm80 import LIMITS, main, to_markdown
 
 
@@ -19,7 +21,7 @@ def test_smoke_model_launches_compile_for_sm80_and_sm90(tmp_path):
     state = next(r for r in rows if r["kernel"] == "chunk_fwd_h_kernel")
     assert state["sm80"]["tiles"]["K"] == 32 and state["sm80"]["tiles"]["V"] == 64     # the smoke layer's head dims
     md = next(tmp_path.glob("*-sm80-compile.md")).read_text()
-    assert f"**{len(rows)} distinct launches; 0 exceed the A100's shared memory; 0 did not compile.**" in md
+    assert f"**{len(rows)} distinct launches; 0 exceed the A100's shared memory; 0 did not compile; 0 " in md
     assert json.loads(next(tmp_path.glob("*-sm80-compile.json")).read_text())["rows"][0]["sm80"]["shared"] > 0
 
 
@@ -31,7 +33,13 @@ def test_a_launch_over_the_a100_limit_is_flagged():
             {"module": "ops.x", "kernel": "broken", "users": ["c/fused"], "error": "CompilationError: x"}]
     md = to_markdown(rows, ["gpt2_ramla_124m on chunk: no chunk backend"], {"date": "d", "triton": "t", "torch": "p"},
                      "cmd")
-    assert "**3 distinct launches; 1 exceed the A100's shared memory; 1 did not compile.**" in md
+    assert "**3 distinct launches; 1 exceed the A100's shared memory; 1 did not compile; 1 config/backend " in md
     assert f"| `x.big` | BT=64 | 4, 2 | {LIMITS[80] + 1:,} | 40, 0 |" in md and "| **no** | b/chunk |" in md
     assert "| yes | a/fused |" in md and "compile error: CompilationError: x" in md
     assert "- not captured: gpt2_ramla_124m on chunk: no chunk backend" in md
+
+
+def test_unknown_backend_is_refused_before_any_work(capsys):
+    with pytest.raises(SystemExit):
+        main(["--configs", "smoke", "--backends", "fuse"])
+    assert "unknown backend(s) fuse" in capsys.readouterr().err
