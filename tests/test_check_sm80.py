@@ -43,3 +43,15 @@ def test_unknown_backend_is_refused_before_any_work(capsys):
     with pytest.raises(SystemExit):
         main(["--configs", "smoke", "--backends", "fuse"])
     assert "unknown backend(s) fuse" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gated_deltanet_launches_fit_the_a100(tmp_path):
+    """The A100 guard for the launch with the least margin: Gated DeltaNet's state backward (delta_h_bwd_kernel,
+    BK 128, 3 stages) needs 164,872 of the A100's 166,912 B under the H100 machine's Triton 3.6, and 148,488 B
+    under 3.9 (bench/results/2026-11-25-cpu-sm80-compile/). A change that grows it fails here, not on a user's
+    A100. About 80 s on a CPU."""
+    rows = main(["--configs", "gdn_125m", "--backends", "fused", "--out", str(tmp_path)])
+    assert rows and not [r for r in rows if "error" in r]
+    assert not [(r["kernel"], r["sm80"]["shared"]) for r in rows if r["sm80"]["shared"] > LIMITS[80]]
+    assert any(r["kernel"] == "delta_h_bwd_kernel" for r in rows)
