@@ -37,7 +37,8 @@ if __package__ in (None, ""):
 import torch
 
 from ops import BACKENDS, BackendError, get_op, list_backends
-from scripts.bench_kernels import enable_fla_backward_timing, environment, gdn_case, gla_case, rel, run_case, ssd_case
+from scripts.bench_kernels import (TOLERANCE, enable_fla_backward_timing, environment, errors_against, gdn_case,
+                                   gla_case, run_case, ssd_case, time_fwd_bwd)
 
 LINEAR = {"gla": lambda B, T: gla_case("gla_125m", B=B, T=T, H=12, K=64, V=64),
           "gated_delta": lambda B, T: gdn_case("gdn_125m", B=B, T=T, H=6, K=128, V=128),
@@ -49,7 +50,6 @@ BASELINE = "sdpa"
 def attention_rows(B: int, T: int, H: int = 12, D: int = 64) -> list[dict]:
     """gpt2_124m's attention op ([B, T, H, D], causal), as SDPA picks its kernel and held to FlashAttention-2."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
     attention = get_op("attention", "naive")
     g = torch.Generator(device="cuda").manual_seed(T)
@@ -71,18 +71,16 @@ def attention_rows(B: int, T: int, H: int = 12, D: int = 64) -> list[dict]:
             continue
         grads = torch.autograd.grad(out, args, do)
         if ref is None:
-            ref, row["check"] = [out.float(), *(t.float() for t in grads)], "SDPA's default"
+            ref, row["check"] = {"out": out.float(), "grads": [t.float() for t in grads]}, "SDPA's default"
         else:
-            errs = [rel(a, b) for a, b in zip([out, *grads], ref)]
+            errs = errors_against(out, grads, ref)
             row["max_rel_err"] = max(errs)
-            if not all(e <= 5e-3 for e in errs):                  # NaN fails too
+            if not all(e <= TOLERANCE for e in errs):             # NaN fails too
                 rows.append({**row, "status": "FAIL", "errs": errs})
                 continue
             row["check"] = f"ok ({max(errs):.1e} vs SDPA)"
         del out, grads
-        row["fwd_ms"] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        row["fwdbwd_ms"] = do_bench(lambda: torch.autograd.grad(fn(), args, do), warmup=25, rep=100,
-                                    return_mode="median")
+        row["fwd_ms"], row["fwdbwd_ms"] = time_fwd_bwd(fn, args, do)
         rows.append({**row, "status": "ok"})
     return rows
 

@@ -137,9 +137,28 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
+TOLERANCE = 5e-3    # relative error of the output and of every gradient against the reference (DESIGN §6, bf16)
+
+
+def errors_against(out: torch.Tensor, grads: list[torch.Tensor], ref: dict) -> list[float]:
+    """Relative errors of the output and of each gradient against ref = {"out", "grads"}."""
+    return [rel(out, ref["out"])] + [rel(g, r) for g, r in zip(grads, ref["grads"])]
+
+
+def time_fwd_bwd(forward: Callable[[], torch.Tensor], needs_grad: list[torch.Tensor],
+                 do: torch.Tensor) -> tuple[float, float]:
+    """do_bench medians in ms (warm-up 25 ms, 100 ms of repeats) of `forward` and of forward+backward
+    (torch.autograd.grad of its output against the upstream gradient `do`)."""
     from triton.testing import do_bench
 
+    def fwd_bwd():
+        torch.autograd.grad(forward(), needs_grad, do)
+
+    return (do_bench(forward, warmup=25, rep=100, return_mode="median"),
+            do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median"))
+
+
+def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
     row = {"op": case.op, "shape": case.name, "dims": case.dims, "backend": backend}
     try:
         fn = get_op(case.op, backend)
@@ -155,18 +174,13 @@ def run_case(case: Case, backend: str, ref: dict | None, device: str) -> dict:
         row["ref"] = ref
         row["check"] = "reference"
     else:
-        errs = [rel(out, ref["out"])] + [rel(g, r) for g, r in zip(grads, ref["grads"])]
+        errs = errors_against(out, grads, ref)
         row["max_rel_err"] = max(errs)
-        if not all(e <= 5e-3 for e in errs):            # NaN fails too
+        if not all(e <= TOLERANCE for e in errs):       # NaN fails too
             return {**row, "status": "FAIL", "errs": errs}
         row["check"] = f"ok ({max(errs):.1e})"
     del out, grads
-    row["fwd_ms"] = do_bench(lambda: fn(*args), warmup=25, rep=100, return_mode="median")
-
-    def fwd_bwd():
-        torch.autograd.grad(fn(*args)[0], needs_grad, do)
-
-    row["fwdbwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=100, return_mode="median")
+    row["fwd_ms"], row["fwdbwd_ms"] = time_fwd_bwd(lambda: fn(*args)[0], needs_grad, do)
     f = case.flops(case.dims)
     row["fwd_tflops"] = f / row["fwd_ms"] / 1e9
     row["fwd_gbs"] = case.bytes_fwd(case.dims) / row["fwd_ms"] / 1e6

@@ -126,8 +126,6 @@ def compile_launch(launch: dict, cc: int) -> dict:
         if not p.is_constexpr and not getattr(p, "do_not_specialize", False) and (
                 (kind == "ptr" and aligned[0]) or (kind == "int" and value % 16 == 0)):
             attrs[(i,)] = [["tt.divisibility", 16]]
-    triton.knobs.compilation.always_compile = True     # a cached kernel would skip ptxas and its log
-    triton.knobs.nvidia.dump_ptxas_log = True          # Triton's own ptxas run prints its -v report
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
         kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
@@ -143,8 +141,11 @@ def compile_launch(launch: dict, cc: int) -> dict:
 
 def compile_all(launches: list[dict]) -> list[dict]:
     """Run in a process without TRITON_INTERPRET (the kernels must be JITFunctions): one row per launch."""
+    import triton
     from tqdm import tqdm
 
+    triton.knobs.compilation.always_compile = True     # a cached kernel would skip ptxas and its log
+    triton.knobs.nvidia.dump_ptxas_log = True          # Triton's own ptxas run prints its -v report
     rows = []
     for launch in tqdm(launches, desc="compile sm80, sm90", unit="launch"):
         row = {k: launch[k] for k in ("module", "kernel", "users", "args")}

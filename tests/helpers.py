@@ -81,3 +81,13 @@ def backends_under_test(op: str) -> list[str]:
             seen.add(fn)
             out.append(b)
     return out
+
+
+def has_triton_cuda_backend() -> bool:
+    """Whether Triton's CUDA backend (and its bundled ptxas) is installed: ahead-of-time compiles for sm80/sm90
+    need it, a GPU they do not."""
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    return "nvidia" in backends

@@ -158,9 +158,9 @@ def wmma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     limit = max_smem_bytes(q.device)          # q's GPU, which the extension launches on
     if split is None:
         split = plan_split(B, H, T, causal, torch.cuda.get_device_properties(q.device).multi_processor_count, limit)
-    if split not in SPLITS:
+    elif split not in SPLITS:
         raise BackendError(f"op 'attention', backend 'fused': key split {split} is not built (splits: {SPLITS})")
-    if smem_bytes(split) > limit:
+    elif smem_bytes(split) > limit:
         raise BackendError(f"op 'attention', backend 'fused': key split {split} needs {smem_bytes(split):,} B of "
                            f"shared memory per block, more than this GPU's {limit:,} B; leave split to plan_split "
                            "(None)")

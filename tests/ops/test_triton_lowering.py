@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import has_triton_cuda_backend
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # kernel: (pointer arguments with their element types, int arguments, float arguments, constexprs)
@@ -97,15 +99,7 @@ sys.exit(1 if failed else 0)
 """
 
 
-def _has_cuda_backend() -> bool:
-    try:
-        from triton.backends import backends
-    except ImportError:
-        return False
-    return "nvidia" in backends
-
-
-@pytest.mark.skipif(not _has_cuda_backend(), reason="Triton's CUDA backend (and its ptxas) is not installed")
+@pytest.mark.skipif(not has_triton_cuda_backend(), reason="Triton's CUDA backend (and its ptxas) is not installed")
 def test_projection_kernels_lower_for_hopper(arch=90):
     import json
 
