@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from utils.errors import UserError
+from ops.common.interpreter import backport_scalar_index
 
 # Registered by name, not discovered: an op folder also holds kernel modules (kernels.py, far.py, ...).
 # tests/ops/test_registry.py fails on a module that implements an op but is missing here.
@@ -28,6 +29,7 @@ BACKENDS = ("naive", "chunk", "fused", "fla")
 # (model.common.resolve_proj), so a mixer op is never asked for it; `state` and `chunk` live in the mixer ops.
 FUSE_COMPONENTS = ("proj", "state", "chunk")
 _ROOT = Path(__file__).parent
+backport_scalar_index()    # before any kernel runs under TRITON_INTERPRET=1 on Triton 3.6
 
 
 class BackendError(UserError, RuntimeError):

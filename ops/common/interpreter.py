@@ -1,0 +1,35 @@
+"""Triton's CPU interpreter (TRITON_INTERPRET=1: CI, the CPU tests, scripts/check_sm80.py) on Triton ≤ 3.6 with
+numpy ≥ 2.5.
+
+Triton 3.6's interpreter turns a scalar into an index with int() of its 1-element array, which numpy 2.5 refuses
+("only 0-dimensional arrays can be converted to Python scalars"). Every kernel whose loop is bounded by a program id
+failed with it on the H100 machine's image (torch 2.11, which pins Triton 3.6.0, with numpy 2.5.2), where a CPU run
+of the tests or check_sm80's capture uses the interpreter. Triton 3.7 squeezes the array first; on older versions
+`backport_scalar_index` makes the same one-line change, and on 3.7 and later it does nothing.
+"""
+from __future__ import annotations
+
+import os
+
+
+def backport_scalar_index() -> None:
+    """Under TRITON_INTERPRET=1 on Triton < 3.7, index with int() of the squeezed array, as Triton 3.7 does.
+    Idempotent; a no-op without the interpreter or on a Triton that has the fix."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import triton
+
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7):
+        return
+    import triton.runtime.interpreter as interpreter
+
+    patch = interpreter._patch_lang_tensor      # sets __index__ each time a kernel's language is patched
+    if getattr(patch, "squeezes_index", False):
+        return
+
+    def patch_squeezed(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_squeezed.squeezes_index = True
+    interpreter._patch_lang_tensor = patch_squeezed
