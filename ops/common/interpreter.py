@@ -9,22 +9,24 @@ of the tests or check_sm80's capture uses the interpreter. Triton 3.7 squeezes t
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 
 
 def backport_scalar_index() -> None:
     """Under TRITON_INTERPRET=1 on Triton < 3.7, index with int() of the squeezed array, as Triton 3.7 does.
     Idempotent; a no-op without the interpreter or on a Triton that has the fix."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        return      # no interpreter in use, or no Triton at all (macOS): the Triton backends say so when asked for
     import triton
 
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 7):
+    if tuple(map(int, re.match(r"(\d+)\.(\d+)", triton.__version__).groups())) >= (3, 7):
         return
     import triton.runtime.interpreter as interpreter
 
-    patch = interpreter._patch_lang_tensor      # sets __index__ each time a kernel's language is patched
-    if getattr(patch, "squeezes_index", False):
+    patch = getattr(interpreter, "_patch_lang_tensor", None)    # sets __index__ whenever a kernel runs
+    if patch is None or getattr(patch, "squeezes_index", False):
         return
 
     def patch_squeezed(tensor, scope):

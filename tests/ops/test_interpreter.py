@@ -6,6 +6,7 @@ interpreter tests run at all (bench/results/2026-11-25-h100-suite-bf57d6b/).
 """
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import numpy as np
@@ -57,4 +58,12 @@ def test_backport_squeezes_the_scalar_on_triton_3_6(monkeypatch):
 def test_backport_leaves_fixed_tritons_and_gpu_runs_alone(monkeypatch, version, interpret):
     with pytest.raises((TypeError, DeprecationWarning)):   # 3.6's int() of the array, left as it is
         scalar_index(monkeypatch, version, interpret)
+    assert interpreter._patch_lang_tensor is triton36_patch
+
+
+def test_backport_without_triton_does_nothing(monkeypatch):
+    """conftest sets TRITON_INTERPRET=1 on any machine without a GPU, also where Triton is not installed (macOS)."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises((TypeError, DeprecationWarning)):
+        scalar_index(monkeypatch, "3.6.0")
     assert interpreter._patch_lang_tensor is triton36_patch
