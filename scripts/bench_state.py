@@ -39,7 +39,7 @@ def inputs(B, T, H, K, V, scalar, device, dtype=torch.bfloat16):
     k, q = (torch.randn(B, T, H, K, device=device, dtype=dtype) for _ in range(2))
     v, do = (torch.randn(B, T, H, V, device=device, dtype=dtype) for _ in range(2))
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, 1 if scalar else K, device=device)) / 16
-    return q, k, v, do, chunk_cumsum(g, C)
+    return q, k, v, do, chunk_cumsum(g, C), g
 
 
 def baseline_fwd(k, v, b, bmm: bool):
@@ -65,8 +65,10 @@ def baseline_fwd(k, v, b, bmm: bool):
     return h
 
 
-def variants(q, k, v, do, b, segments: list[int]) -> dict:
-    """name → (forward, backward or None, programs launched)."""
+def variants(q, k, v, do, b, g, segments: list[int]) -> dict:
+    """name → (forward, backward or None, programs launched). b: the chunk-local cumsum of the per-step
+    log-decays g (fp32); the `step decays` rows take g itself, in bf16 (fla's GLA layer makes its decays in
+    the autocast dtype) or fp32, and take the cumsum in the kernel."""
     B, T, H, K = k.shape
     V, scale = v.shape[-1], K ** -0.5
     tiles = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
@@ -78,14 +80,40 @@ def variants(q, k, v, do, b, segments: list[int]) -> dict:
         decay = dict(g=b2[..., 0]) if b.shape[-1] == 1 else dict(gk=b2)
         out["fla"] = (lambda: fla_h.chunk_fwd_h(k, v, h0=None, output_final_state=False, chunk_size=C, **decay)[0],
                       lambda: fla_h.chunk_bwd_dh(q, k, v, do, None, None, scale, chunk_size=C, **decay)[0], None)
+        out["fla from bf16 step decays (its cumsum + the pass)"] = fla_from_steps(q, k, v, do, g, scale)
     for S in segments:
         name = "chunk (sequential)" if S == 1 else f"fused split S={S}"
         out[name] = (lambda S=S: chunk_fwd_h(k, v, b, None, False, C, segments=S)[0],
                      lambda S=S: chunk_bwd_dh(q, do, b, None, False, scale, C, segments=S)[0],
                      tiles * segment_plan(triton.cdiv(T, C), S)[1])
+    for dtype in (torch.bfloat16, torch.float32):
+        gs = g.to(dtype)
+        out[f"chunk, {str(dtype)[6:]} step decays"] = (
+            lambda gs=gs: chunk_fwd_h(k, v, gs, None, False, C, step_decays=True)[0],
+            lambda gs=gs: chunk_bwd_dh(q, do, gs, None, False, scale, C, step_decays=True)[0], tiles)
     out["einsum + scan"] = (lambda: baseline_fwd(k, v, b, bmm=False), None, None)
     out["bmm + scan"] = (lambda: baseline_fwd(k, v, b, bmm=True), None, None)
     return out
+
+
+def fla_from_steps(q, k, v, do, g, scale):
+    """fla's state pass from the per-step decays, as its GLA layer runs it: chunk_local_cumsum (base 2, fp32
+    out), then chunk_fwd_h / chunk_bwd_dh on the result."""
+    import inspect
+
+    from fla.ops.common import chunk_h as fla_h
+    from fla.ops.utils import cumsum as fla_cumsum
+
+    gb = (g[..., 0] if g.shape[-1] == 1 else g).to(torch.bfloat16)
+    name = "g" if g.shape[-1] == 1 else "gk"
+    skip_ge = {"output_ge": False} if "output_ge" in inspect.signature(fla_cumsum.chunk_local_cumsum).parameters else {}
+
+    def cumsum():
+        out = fla_cumsum.chunk_local_cumsum(gb, C, scale=1 / math.log(2), **skip_ge)
+        return out[0] if isinstance(out, tuple) else out
+
+    return (lambda: fla_h.chunk_fwd_h(k, v, h0=None, output_final_state=False, chunk_size=C, **{name: cumsum()})[0],
+            lambda: fla_h.chunk_bwd_dh(q, k, v, do, None, None, scale, chunk_size=C, **{name: cumsum()})[0], None)
 
 
 def rel(a, b) -> float:
@@ -96,15 +124,16 @@ def run_shape(name, shape, segment_list, device):
     from triton.testing import do_bench
 
     B, T, H, K, V, scalar = shape
-    q, k, v, do, b = inputs(B, T, H, K, V, scalar, device)
+    q, k, v, do, b, g = inputs(B, T, H, K, V, scalar, device)
     auto = split_segments(B, H, K, V, T, C, k.device)
     segments = sorted({1, auto, *segment_list})
     ref_h = chunk_fwd_h(k, v, b, None, False, C)[0]
     ref_dh = chunk_bwd_dh(q, do, b, None, False, K ** -0.5, C)[0]
     rows = []
-    for label, (fwd, bwd, programs) in variants(q, k, v, do, b, segments).items():
+    for label, (fwd, bwd, programs) in variants(q, k, v, do, b, g, segments).items():
+        auto_row = label == f"fused split S={auto}" or (auto == 1 and label == "chunk (sequential)")
         row = {"shape": name, "dims": f"B{B} T{T} H{H} K{K} V{V}{' scalar' if scalar else ''}", "variant": label,
-               "programs": programs, "auto": label == f"fused split S={auto}" or (auto == 1 and label.startswith("chunk"))}
+               "programs": programs, "auto": auto_row}
         try:
             row["err h"] = rel(fwd(), ref_h)
             row["fwd ms"] = do_bench(fwd, warmup=10, rep=50, return_mode="median")

@@ -46,6 +46,31 @@ def test_split_scan_equals_the_sequential_one(case, gate, scalar, device, poison
     assert rel_err(dh, dh_ref) < 1e-5 and rel_err(dh0, dh0_ref) < 1e-5
 
 
+@pytest.mark.parametrize("case", [CASES[1], (2, 40, 2, 8, 8, 64, 1)], ids=str)
+@pytest.mark.parametrize("gate", ["slow", "extreme"])
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+@pytest.mark.parametrize("gdtype", [torch.float32, torch.bfloat16], ids=["g-fp32", "g-bf16"])
+def test_step_decays_take_the_cumsum_in_the_kernel(case, gate, scalar, gdtype, device, poison_empty):
+    """step_decays: the per-step log-decays in any dtype, the chunk-local cumsum taken in registers (fp32).
+    The same states as the scan given cumsum.py's cumsum of the same values, split or not; T < C included."""
+    B, T, H, K, V, C, S = case
+    q, k, v, do, _, h0, dht = inputs(case, gate, scalar, torch.float32, device)
+    torch.manual_seed(1)
+    g = GATES[gate]((B, T, H, 1 if scalar else K)).to(device).to(gdtype)
+    b = chunk_cumsum(g.float(), C)
+    h_ref, ht_ref = chunk_fwd_h_ref(k, v, b, h0, C)
+    dh_ref, dh0_ref = chunk_bwd_dh_ref(q, do, b, dht, 0.3, C)
+    # another summation order: exp(b_L − b) of two cumsums as large as 50·C in magnitude differs by their rounding
+    tol = 1e-5 + b.abs().max().item() * 2 ** -22
+    for segments in sorted({1, S}):
+        h, ht = chunk_fwd_h(k, v, g, h0, True, C, segments=segments, step_decays=True)
+        assert rel_err(h, h_ref) < tol and rel_err(ht, ht_ref) < tol, segments
+        dh, dh0 = chunk_bwd_dh(q, do, g, dht, True, 0.3, C, segments=segments, step_decays=True)
+        assert rel_err(dh, dh_ref) < tol and rel_err(dh0, dh0_ref) < tol, segments
+    # the flag is what makes it right: the same per-step values read as a cumsum give other states
+    assert rel_err(chunk_fwd_h(k, v, g.float(), h0, True, C)[1], ht_ref) > 1e-4
+
+
 @pytest.mark.parametrize("T, interval", [(300, 64), (64, 64), (50, 64), (129, 32)], ids=str)
 @pytest.mark.parametrize("gate", ["none", "extreme"])
 @pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])

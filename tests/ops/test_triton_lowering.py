@@ -72,6 +72,21 @@ KERNELS = {
         ("T", "C", "sxb", "sxt"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
                                               "NORM": True}),
 }
+# the state scan's kernels, with per-step (STEP, bf16) and cumulative (fp32) decays; '#' names a variant
+_STATE = {"S": 2, "H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "PREC": "tf32"}
+for _scalar, _step in [(False, True), (True, True), (False, False), (True, False)]:
+    _b, _tag = (BF16 if _step else F32), f"#{'scalar' if _scalar else 'gk'}-{'step' if _step else 'cumsum'}"
+    _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
+    KERNELS["ops.common.chunk_h.chunk_fwd_h_kernel" + _tag] = (
+        {"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
+        {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False})
+    KERNELS["ops.common.chunk_h.chunk_bwd_dh_kernel" + _tag] = (
+        {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
+        ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True})
+    if _step:
+        KERNELS["ops.common.chunk_h.state_fixup_kernel" + _tag] = (
+            {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
+            {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
 
 SCRIPT = r"""
 import importlib, json, sys
@@ -83,7 +98,7 @@ from triton.runtime.jit import JITFunction
 kernels, arch = json.loads(sys.argv[1]), int(sys.argv[2])
 failed = []
 for path, (ptrs, ints, floats, consts) in kernels.items():
-    module, name = path.rsplit(".", 1)
+    module, name = path.split("#")[0].rsplit(".", 1)
     fn = getattr(importlib.import_module(module), name)
     while not isinstance(fn, JITFunction):                       # an Autotuner (or heuristics) wraps it
         fn = fn.fn
