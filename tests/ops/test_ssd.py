@@ -81,12 +81,18 @@ def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_e
     if backend == "fused" and shape[1] == 600:
         from ops.common.chunk_h import split_segments
         assert split_segments(shape[0], shape[2], shape[5], shape[3], 600, 64, torch.device(device)) == 2
-    inputs = [t.float().to(device) for t in make_inputs(*shape, dts)]
+    seed = torch.seed() % 2**31                                  # fresh inputs, named in a failure's message
+    inputs = [t.float().to(device) for t in make_inputs(*shape, dts, seed=seed)]
     ref_in = [t.double().requires_grad_() for t in inputs]
     got_in = [t.clone().requires_grad_() for t in inputs]
     y1, h1 = ssd_recurrent(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
     y2, h2 = get_op("ssd", backend)(*got_in[:5], initial_state=got_in[5], output_final_state=True)
-    assert rel_err(y2, y1) < 1e-5 and rel_err(h2, h1) < 1e-5
+    # exp(b_L − b) of two large chunk-local cumsums b: each carries ~|b|·2⁻²⁴ of rounding (more on the GPU, whose
+    # exp2 takes x·log₂e rounded). 'large' dt at a mild A (−1.2) reached 1.5e-5 in 1 of 200 draws on the H100
+    b = (ref_in[1] * ref_in[2]).detach().cpu()
+    b_max = max(c.cumsum(1).abs().max().item() for c in b.split(64, dim=1))
+    tol = max(1e-5, b_max * 2.0 ** -24)
+    assert rel_err(y2, y1) < tol and rel_err(h2, h1) < tol, (seed, rel_err(y2, y1), rel_err(h2, h1), tol)
     dy, dh = torch.randn_like(y1), torch.randn_like(h1)
     ((y1 * dy).sum() + (h1 * dh).sum()).backward()
     ((y2 * dy.float()).sum() + (h2 * dh.float()).sum()).backward()
