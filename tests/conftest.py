@@ -10,6 +10,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any triton import
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:      # pytest -n N: the cores shared out, not N × all of them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 BPE_FILE = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"
