@@ -99,18 +99,14 @@ def variants(q, k, v, do, b, g, segments: list[int]) -> dict:
 def fla_from_steps(q, k, v, do, g, scale):
     """fla's state pass from the per-step decays, as its GLA layer runs it: chunk_local_cumsum (base 2, fp32
     out), then chunk_fwd_h / chunk_bwd_dh on the result."""
-    import inspect
-
     from fla.ops.common import chunk_h as fla_h
     from fla.ops.utils import cumsum as fla_cumsum
 
     gb = (g[..., 0] if g.shape[-1] == 1 else g).to(torch.bfloat16)
     name = "g" if g.shape[-1] == 1 else "gk"
-    skip_ge = {"output_ge": False} if "output_ge" in inspect.signature(fla_cumsum.chunk_local_cumsum).parameters else {}
 
     def cumsum():
-        out = fla_cumsum.chunk_local_cumsum(gb, C, scale=1 / math.log(2), **skip_ge)
-        return out[0] if isinstance(out, tuple) else out
+        return fla_cumsum.chunk_local_cumsum(gb, C, scale=1 / math.log(2))
 
     return (lambda: fla_h.chunk_fwd_h(k, v, h0=None, output_final_state=False, chunk_size=C, **{name: cumsum()})[0],
             lambda: fla_h.chunk_bwd_dh(q, k, v, do, None, None, scale, chunk_size=C, **{name: cumsum()})[0], None)
@@ -150,8 +146,9 @@ def run_shape(name, shape, segment_list, device):
 
 def to_markdown(rows, env, command) -> str:
     lines = [f"# State pass — {env['date']}, {env['device']}", "", f"Command: `{command}`  ",
-             f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}; bf16 k, v, q, do; fp32 decays and "
-             f"recurrence; C = {C}; {env['sms']} SMs. do_bench medians. `auto`: the split split_segments picks.", "",
+             f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}; bf16 k, v, q, do; fp32 cumulative "
+             f"decays (the step-decay rows: per-step, in the dtype named) and fp32 recurrence; C = {C}; "
+             f"{env['sms']} SMs. do_bench medians. `auto`: the split split_segments picks.", "",
              "| shape | variant | programs (SMs: {}) | err h | err dh | fwd ms | bwd ms | fla ÷ this fwd | fla ÷ this bwd |".format(env["sms"]),
              "|---|---|---|---|---|---|---|---|---|"]
     fla = {r["shape"]: r for r in rows if r["variant"] == "fla" and "fwd ms" in r}

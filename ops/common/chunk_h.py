@@ -193,19 +193,19 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
         if n_before > 0:
             p_h = h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv
             tl.store(p_h, (tl.load(p_h, mask=m_kv, other=0.0).to(tl.float32) + b_c).to(h.dtype.element_ty), mask=m_kv)
-        if STEP:
+        if STEP:                                       # the chunk's total: its per-step decays summed
             o_t = i_t * BT + tl.arange(0, BT)
             b_tot = _chunk_decays(b, i_b, i_h, i_t, T, o_t, o_t < T, o_k, H, K, BT, SCALAR, STEP)[1]
-            if SCALAR:
-                b_c *= tl.exp(b_tot)
-            else:
-                b_c *= tl.exp(b_tot)[:, None]
-        else:
+        else:                                          # the cumsum at the chunk's last row
             last = tl.minimum(i_t * BT + BT, T) - 1
             if SCALAR:
-                b_c *= tl.exp(tl.load(b + (i_b * T + last) * H + i_h))
+                b_tot = tl.load(b + (i_b * T + last) * H + i_h)
             else:
-                b_c *= tl.exp(tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0))[:, None]
+                b_tot = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        if SCALAR:
+            b_c *= tl.exp(b_tot)
+        else:
+            b_c *= tl.exp(b_tot)[:, None]
     if STORE_HT:
         if i_s == (0 if REVERSE else S - 1):
             p_seg = (i_b * S + i_s) * H + i_h

@@ -83,10 +83,9 @@ for _scalar, _step in [(False, True), (True, True), (False, False), (True, False
     KERNELS["ops.common.chunk_h.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
         ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True})
-    if _step:
-        KERNELS["ops.common.chunk_h.state_fixup_kernel" + _tag] = (
-            {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
-            {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
+    KERNELS["ops.common.chunk_h.state_fixup_kernel" + _tag] = (
+        {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
+        {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
 
 SCRIPT = r"""
 import importlib, json, sys
