@@ -134,8 +134,8 @@ def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict
                    "dgrads q, k, v, r (bf16)": Q + W - Wd + 4 * Xc, "wgrads q, k, v, r": Q + 4 * Xc + W - Wd,
                    "dW → fp32": 3 * W, "dx_s bf16 → fp32 ×5": 5 * (Xc + X), "sum of x's 5 grads": 4 * 3 * X}
     shared_bwd = {"gk backward kernel": G + 2 * Lo + A + dbp, "dW_up = dzᵀ low": A + Lo,
-                  "wgrads ×5": Q + Lo + 5 * Xc + W, "dW → fp32": 3 * W}
-    tdgrad_bwd = {"Triton dgrad (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
+                  "wgrads ×5, fp32 out": Q + Lo + 5 * Xc + 2 * W}
+    tdgrad_bwd = {"Triton dgrad, TMA (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
     cat_bwd = {"torch.cat of the grads": 2 * (Q + Lo), "mm (bf16 dx)": Q + Lo + W + Xc, "dx → fp32": Xc + X,
                **shared_bwd}
     return {name: {"parts": parts, "total": sum(parts.values())}
@@ -302,7 +302,8 @@ def measure(side: str, all_variants: dict, oracle, inputs: list, dys: list, out_
         times[label]["saved_mb"] = saved_bytes(fn, inputs) / MB
     result = {"shape": shape, "dtype": "bf16 autocast, fp32 residual and x", "check": errors, "timings": times,
               "skipped": skipped, "hbm_bytes": bytes_, "device": torch.cuda.get_device_name(),
-              "configs": {k: str(v.best_config) for k, v in configs.items()}, **environment(torch.device("cuda"))}
+              "configs": {k: str(getattr(v, "best_config", "not run")) for k, v in configs.items()},
+              **environment(torch.device("cuda"))}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     rows = {"fwd ms": {v: times[v]["fwd_ms"] for v in variants},
@@ -378,7 +379,8 @@ def main(argv: list[str] | None = None) -> dict:
             "input side", {k: bind(f) for k, f in IN_VARIANTS.items()}, bind(naive_in.proj_in), inputs, dys,
             ["q", "k", "v", "gk", "r"], ["dx", "dW_q", "dW_k", "dW_v", "dW_r", "dW_down", "dW_up", "db_up"],
             hbm_bytes_in(B, T, d, H, K, V, L), dict(B=B, T=T, d=d, H=H, K=K, V=V, L=L),
-            {"wide GEMM": fused_in._gemm_tuned, "dgrad GEMM": fused_in._dgrad_tuned}, args.out, "proj_in", "proj_in")
+            {"wide GEMM": fused_in._gemm_tuned, "dgrad GEMM (TMA)": fused_in._dgrad_tma_tuned,
+             "dgrad GEMM (pointers)": fused_in._dgrad_tuned}, args.out, "proj_in", "proj_in")
         tables += table + floor_rows(results["in"], inputs, dys, bind, args.out / "proj_in.md")
     print("\n".join(tables))
     if any(not r["check"]["pass"] for r in results.values()):

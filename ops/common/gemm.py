@@ -1,8 +1,9 @@
 """The GEMM main loop the projection kernels share (ops/proj_in, ops/proj_out; `_ref`: a @ w.T).
 
-A plain K loop of tl.dot on pointer-loaded tiles, so Triton's pipeliner streams both operands through shared
-memory (num_stages deep), in a grouped launch order. Each kernel keeps its own epilogue; `launch_gemm` starts
-any of them over an [M, N] output.
+A plain K loop of tl.dot on pointer-loaded tiles (`dot_rows`), so Triton's pipeliner streams both operands through
+shared memory (num_stages deep), in a grouped launch order; or the same loop on tensor descriptors (`dot_desc`),
+which Hopper loads by TMA. Each kernel keeps its own epilogue; `launch_gemm` starts any of them over an [M, N]
+output.
 """
 from __future__ import annotations
 
@@ -52,4 +53,14 @@ def dot_rows(acc, a, w, ra, cb, K, PREC: tl.constexpr, BK: tl.constexpr):
                      acc, input_precision=PREC)
         a_ptr += BK
         w_ptr += BK
+    return acc
+
+
+@triton.jit
+def dot_desc(acc, a, w, KW, k_row, m0, n0, PREC: tl.constexpr, BK: tl.constexpr):
+    """acc[BM, BN] += a[m0 : m0 + BM, :KW] · w[k_row : k_row + KW, n0 : n0 + BN] through tensor descriptors
+    (TMA on Hopper): a's block [BM, BK], w's [BK, BN]. A ragged last step reads w's rows past k_row + KW, but
+    a's descriptor zero-fills its columns past KW, so they add nothing; edges of the tensors are zero-filled."""
+    for k0 in range(0, KW, BK):
+        acc = tl.dot(a.load([m0, k0]), w.load([k_row + k0, n0]), acc, input_precision=PREC)
     return acc

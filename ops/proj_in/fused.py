@@ -7,25 +7,21 @@ Forward, after one cast of x to bf16 and one bf16 copy of the weights into W_cat
 writes each slice contiguously (q, k, v, r as [B, T, H, D] tensors, since the GLA ops call .contiguous() and
 strided views of one [M, N] output would be copied there; the rank-L `low` as [M, L]); then one small Triton
 kernel gk = logsigmoid(low W_upᵀ + b)/normalizer (inner dimension L = 16: one tl.dot per tile) writing fp32.
-Backward: one Triton kernel recomputes z from low, writes dz = dgk·σ(−z)/normalizer (bf16), dlow = dz W_up and
-db's partial sums; dW_up = dzᵀ low; dx = [dq | dk | dv | dr | dlow] W_cat, one GEMM, rounded once; the five
-dW_s = dA_sᵀ x. Saved: bf16 x, low, W_cat (PyTorch's chain keeps five bf16 casts of x and the fp32 logsigmoid
-input).
+Backward: one Triton kernel recomputes z from low and reduces dz = dgk·σ(−z)/normalizer in registers into
+partials of dlow = dz W_up, dW_up = dzᵀ low and db (dz never reaches HBM); dx = [dq | dk | dv | dr | dlow] W_cat,
+one GEMM, rounded once; the five dW_s = dA_sᵀ x by cuBLAS, fp32 straight from the accumulator. Saved: bf16 x, low,
+W_cat (PyTorch's chain keeps five bf16 casts of x and the fp32 logsigmoid input).
 
 The two big GEMMs (forward x W_catᵀ, backward dx) each have two engines. The library runs the forward by cuBLAS
 (`mm_gemm`: one mm per slice into its place) and dx by our Triton kernel (`triton_dgrad`: one K loop per
-gradient, so the five gradients need no concatenation, and fp32 dx is written once). `TritonProjIn` runs the
-forward by our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once);
-`CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape
-(bench/results/2026-11-24-h100-proj-in-2.md; unfused ÷ variant, fwd / fwd+bwd): library 1.20× / 1.18×,
-CatProjIn 1.15× / 1.13×, TritonProjIn 0.99× / 0.99×. The library's forward is CatProjIn's, so their forward gap is
-run-to-run spread (±5 %); an earlier call ranked the two backwards the other way round, so in time they tie, and
-the library's takes 20 % less peak memory (no [M, N] concatenation) and moves 1.5× fewer bytes backward. The
-Triton forward moves 1.4× fewer bytes than cuBLAS's but runs the same FLOPs ~15 % slower (480 vs 570 TFLOP/s), and
-these GEMMs are ~80 % of the time. The six GEMMs alone, on inputs already bf16 and with nothing else, take 1.68 ms
-forward and 5.56 ms forward+backward: unfused ÷ that is 1.37× / 1.24×, the most any fusion that keeps these GEMMs
-can reach, so issue [H]'s 1.3× forward+backward is out of reach on this side without faster GEMMs.
-Every engine pair stays tested against the oracle.
+gradient, so the five gradients need no concatenation, and fp32 dx is written once; by TMA on Hopper, where it
+runs at cuBLAS's rate: 1.58 ms, 700 TFLOP/s, against 1.87 by pointer loads). `TritonProjIn` runs the forward by
+our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once); `CatProjIn` runs dx by
+cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape (unfused ÷ variant,
+fwd / fwd+bwd, bench/results/2026-11-25-h100-proj-in-tma/): library 1.26× / 1.29×, CatProjIn 1.21× / 1.18×,
+TritonProjIn 1.03× / 1.12×. The library's backward now takes less time than autograd's GEMMs alone (5.35 against
+5.54 ms fwd+bwd), so the "GEMMs alone" row is no longer a ceiling. The Triton forward moves 1.4× fewer bytes than
+cuBLAS's but its pointer-loaded GEMM runs ~15 % slower. Every engine pair stays tested against the oracle.
 
 Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 32768, N = 8208; X = one
 [M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for elementwise kernels,
@@ -50,21 +46,41 @@ from collections.abc import Callable
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ops.common.chunk import check_triton_device
-from ops.common.gemm import launch_gemm
+from ops.common.gemm import INTERPRET_TILES, launch_gemm
 from ops.common.tiles import dot_precision
-from ops.proj_in.kernels import dgrad_kernel, gemm_in_kernel, gk_bwd_kernel, gk_fwd_kernel
+from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, gk_fwd_kernel
 
 COMPONENTS = ("proj",)
 # Both big GEMMs (forward x W_catᵀ, backward dx): 4 configs each, keyed on the widths, never on the rows.
 # 128×256 / 256×128 with 3 stages take 144 KB of shared memory (sm80 holds 163 KB, sm90 227 KB).
 GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, num_stages=st)
                 for bm, bn, nw, st in ((128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4))]
+
+
+def _tma_blocks(nargs: dict) -> None:
+    """Autotune's pre-hook for dgrad_tma_kernel: the descriptors' block shapes for the config about to run."""
+    BM, BN, BK, BL = (nargs[k] for k in ("BM", "BN", "BK", "BL"))
+    for name in ("dq", "dk", "dv", "dr"):
+        nargs[name].block_shape = [BM, BK]
+    nargs["dlow"].block_shape = [BM, BL]
+    nargs["w"].block_shape = [BK, BN]
+    nargs["w_low"].block_shape = [BL, BN]
+    nargs["dx"].block_shape = [BM, BN]
+
+
+# dx by TMA: the four fastest of eight tiles tried at the seed shape on the H100 (1.64–1.71 ms; 128×128 tiles and
+# BK = 128 took 1.87–2.19; bench/results/2026-11-25-h100-proj-in-tma/call2-kernel-sweeps.log).
+TMA_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=8, num_stages=st, pre_hook=_tma_blocks)
+               for bm, bn in ((128, 256), (256, 128)) for st in (3, 4)]
 # The gk kernels stream [BR, BN] fp32 tiles (bound by HBM; no autotuning). BR rows per backward program also
-# sets db's partials: M / BR rows of HK floats (4 MB at the seed shape).
+# sets db's partials: M / BR rows of HK floats (4 MB at the seed shape). The backward's tile is the best of 24
+# launches swept on the H100 (0.19 ms against 0.34 for the former BN = 128, 8 warps, default stages).
 GK_FWD = dict(BR=64, BN=128, num_warps=4)
-GK_BWD = dict(BR=64, BN=128, num_warps=8)
+GK_BWD = dict(BR=64, BN=128, num_warps=4, num_stages=3)
+GK_BWD_PROGRAMS = 264                            # ≈ 2 per SM on an H100
 MAX_RANK = 64                                    # low [BR, L] and dlow stay in registers: L ≤ 64
 # Under TRITON_INTERPRET=1 (CPU tests): small gk tiles (the GEMMs' are ops.common.gemm.INTERPRET_TILES).
 INTERPRET_GK = dict(BR=16, BN=16)
@@ -84,6 +100,8 @@ _gemm_tuned = triton.autotune(GEMM_CONFIGS, key=["N", "D", "HK", "HV", "L"],
                               prune_configs_by={"early_config_prune": _prune})(gemm_in_kernel)
 _dgrad_tuned = triton.autotune(GEMM_CONFIGS, key=["D", "HK", "HV", "L"],
                                prune_configs_by={"early_config_prune": _prune})(dgrad_kernel)
+_dgrad_tma_tuned = triton.autotune(TMA_CONFIGS, key=["D", "HK", "HV", "L"],
+                                   prune_configs_by={"early_config_prune": _prune})(dgrad_tma_kernel)
 
 
 def widths(w_q: torch.Tensor, w_v: torch.Tensor, w_down: torch.Tensor) -> tuple[int, int, int, list[int]]:
@@ -125,16 +143,51 @@ def cat_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, 
         return (torch.cat(grads, 1) @ w_cat).to(out_dtype)
 
 
+def tma_addressable(tensors: list[torch.Tensor]) -> bool:
+    """Whether dx can go through tensor descriptors: on a GPU of compute capability ≥ 9 (TMA), or under the
+    interpreter for fp32 and fp16 (Triton 3.9's interpreter reads bf16 descriptors wrongly: a plain bf16 GEMM
+    through them is off by 1e10); and every tensor 16-byte aligned with 16-byte row strides, as TMA requires.
+    Otherwise dgrad_kernel (pointer loads) runs, e.g. at widths that are not multiples of 8 bf16 elements."""
+    t0 = tensors[0]
+    if t0.is_cuda:
+        if torch.cuda.get_device_capability(t0.device)[0] < 9:
+            return False
+    elif t0.dtype == torch.bfloat16:
+        return False
+    return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0
+                                                                   for s in t.stride()[:-1]) for t in tensors)
+
+
 def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int,
                  out_dtype: torch.dtype) -> torch.Tensor:
     """grads = [dq, dk, dv, dr, dlow] ([M, width] contiguous, w_cat's dtype) → dx = Σ_s dA_s W_cat[slice s],
-    [M, d] in out_dtype."""
+    [M, d] in out_dtype. By TMA where tma_addressable, else by pointer loads; the two agree to rounding."""
     M, L = grads[4].shape
     D = w_cat.shape[1]
     dx = torch.empty(M, D, device=w_cat.device, dtype=out_dtype)
-    launch_gemm(_dgrad_tuned, dgrad_kernel, M, D, (*grads, w_cat, dx, M, D, HK, HV, L), w_cat,
-                PREC=dot_precision(w_cat))
+    prec = dot_precision(w_cat)
+    if not tma_addressable([*grads, w_cat, dx]):
+        launch_gemm(_dgrad_tuned, dgrad_kernel, M, D, (*grads, w_cat, dx, M, D, HK, HV, L), w_cat, PREC=prec)
+        return dx
+    BL = max(16, triton.next_power_of_2(L))
+    # block shapes are placeholders on a GPU: the autotuner's pre-hook sets each config's
+    descs = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (*grads, w_cat, w_cat, dx)]
+    args = (*descs, M, D, HK, HV, L)
+    if w_cat.is_cuda:
+        _dgrad_tma_tuned[lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(D, m["BN"]),)](*args, PREC=prec, BL=BL)
+    else:
+        t = INTERPRET_TILES
+        _tma_blocks(dict(zip(("dq", "dk", "dv", "dr", "dlow", "w", "w_low", "dx"), descs), BL=BL, **t))
+        dgrad_tma_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(D, t["BN"]),)](*args, PREC=prec, BL=BL, **t)
     return dx
+
+
+def wgrad(da: torch.Tensor, a: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """dW = daᵀ a ([M, n], [M, k] → [n, k]) by cuBLAS, in out_dtype. bf16/fp16 operands on a GPU with fp32
+    parameters: fp32 straight from the accumulator (no rounding to bf16, no cast kernel: 5 fewer launches)."""
+    if da.is_cuda and da.dtype != out_dtype and out_dtype == torch.float32:
+        return torch.mm(da.t(), a, out_dtype=out_dtype)
+    return (da.t() @ a).to(out_dtype)
 
 
 def _gk_tiles(low: torch.Tensor, bwd: bool) -> tuple[dict, dict]:
@@ -143,7 +196,7 @@ def _gk_tiles(low: torch.Tensor, bwd: bool) -> tuple[dict, dict]:
     if not low.is_cuda:
         return dict(INTERPRET_GK, BL=bl), {}
     t = GK_BWD if bwd else GK_FWD
-    return dict(BR=t["BR"], BN=t["BN"], BL=bl), dict(num_warps=t["num_warps"])
+    return dict(BR=t["BR"], BN=t["BN"], BL=bl), {k: v for k, v in t.items() if k.startswith("num_")}
 
 
 def gk_fwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, inv_norm: float) -> torch.Tensor:
@@ -156,18 +209,23 @@ def gk_fwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, inv_norm: 
     return gk
 
 
-def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch.Tensor,
-           inv_norm: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dgk [M, HK] → dz [M, HK] and dlow [M, L] in low's dtype, db [HK] fp32."""
+def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch.Tensor, inv_norm: float,
+           w_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dgk [M, HK] → dlow [M, L] in low's dtype, dW_up [HK, L] in w_dtype, db [HK] fp32. The kernel's grid is
+    column blocks × row ranges, about GK_BWD_PROGRAMS programs; its partials (dlow's: HK / BN · M · L fp32, 34 MB
+    at the seed shape, where dz was 134 MB of bf16 written and read again) are summed here."""
     (M, L), HK = low.shape, w_up.shape[0]
     t, opts = _gk_tiles(low, bwd=True)
-    programs = triton.cdiv(M, t["BR"])
-    dz = torch.empty(M, HK, device=low.device, dtype=low.dtype)
-    dlow = torch.empty_like(low)
-    dbp = torch.empty(programs, HK, device=low.device, dtype=torch.float32)   # every program writes its row
-    gk_bwd_kernel[(programs,)](low, w_up, b_up, dgk, dz, dlow, dbp, M, HK, L, inv_norm, PREC=dot_precision(low),
-                               **t, **opts)
-    return dz, dlow, dbp.sum(0)
+    n_col = triton.cdiv(HK, t["BN"])
+    ranges = max(1, min(triton.cdiv(M, t["BR"]), GK_BWD_PROGRAMS // n_col))
+    rows = triton.cdiv(triton.cdiv(M, ranges), t["BR"]) * t["BR"]
+    ranges = triton.cdiv(M, rows)
+    f32 = dict(device=low.device, dtype=torch.float32)
+    dlow_p, dwu_p = torch.empty(n_col, M, L, **f32), torch.empty(ranges, L, HK, **f32)
+    db_p = torch.empty(ranges, HK, **f32)
+    gk_bwd_kernel[(n_col, ranges)](low, w_up, b_up, dgk, dlow_p, dwu_p, db_p, M, HK, L, inv_norm, rows,
+                                   PREC=dot_precision(low), **t, **opts)
+    return dlow_p.sum(0).to(low.dtype), dwu_p.sum(0).t().contiguous().to(w_dtype), db_p.sum(0)
 
 
 class FusedProjIn(torch.autograd.Function):
@@ -201,13 +259,11 @@ class FusedProjIn(torch.autograd.Function):
         xc, low, w_cat, wu, b_up = ctx.saved_tensors
         HK = wu.shape[0]
         HV = (w_cat.shape[0] - 2 * HK - low.shape[1]) // 2
-        dz, dlow, db = gk_bwd(low, wu, b_up, dgk.float().contiguous(), ctx.inv_norm)
-        dw_up = dz.t() @ low                          # [HK, L], cuBLAS: M is the reduction
-        del dz
+        dlow, dw_up, db = gk_bwd(low, wu, b_up, dgk.float().contiguous(), ctx.inv_norm, ctx.w_dtypes[5])
         grads = [g.to(xc.dtype).contiguous() for g in (dq, dk, dv, dr)] + [dlow]
         dx = ctx._forward_cls.dgrad(grads, w_cat, HK, HV, ctx.x_dtype)
-        dws = [(g.t() @ xc).to(wd) for g, wd in zip(grads, ctx.w_dtypes)]   # dW_s = dA_sᵀ x, cuBLAS
-        return (dx, *dws, dw_up.to(ctx.w_dtypes[5]), db.to(b_up.dtype), None, None)
+        dws = [wgrad(g, xc, wd) for g, wd in zip(grads, ctx.w_dtypes)]
+        return (dx, *dws, dw_up, db.to(b_up.dtype), None, None)
 
 
 class TritonProjIn(FusedProjIn):

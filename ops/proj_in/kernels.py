@@ -8,20 +8,23 @@ or low (< N). q, k, v, r live back to back in one buffer `out`, each a contiguou
 
     gemm_in_kernel   x[M, d] W_catᵀ → q, k, v, r (out) and low [M, L], each written once
     gk_fwd_kernel    gk = logsigmoid(low W_upᵀ + b) / normalizer                         [M, HK] fp32
-    gk_bwd_kernel    dz = dgk · sigmoid(−z) / normalizer (z recomputed), dlow = dz W_up, db partials
+    gk_bwd_kernel    dz = dgk · sigmoid(−z) / normalizer (z recomputed) in registers, reduced into partials of
+                     dlow = dz W_up, dW_up = dzᵀ low and db: dz is never stored
     dgrad_kernel     dx = dq W_q + dk W_k + dv W_v + dr W_r + dlow W_down: one K loop per operand,
                      one accumulator, so the five gradients are never concatenated and dx is written once
+    dgrad_tma_kernel the same on tensor descriptors: TMA loads on Hopper (1.64 against 1.87 ms at the seed
+                     shape, bench/results/2026-11-25-h100-proj-in-tma/), for widths TMA can address
 
 No dot accumulator is ever transposed (the Hopper miscompile in ../shared/GPU.md): W tiles that are needed
-transposed are loaded transposed by their pointers; dz (derived from the z accumulator) enters a dot only
-as its untransposed A operand.
+transposed are loaded transposed by their pointers, low by tl.trans of its loaded tile; dz (derived from the z
+accumulator) enters dots untransposed.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ops.common.gemm import dot_rows, grouped_tile
+from ops.common.gemm import dot_desc, dot_rows, grouped_tile
 
 
 @triton.jit
@@ -91,29 +94,39 @@ def gk_fwd_kernel(low, w_up, b_up, gk, M, HK, L, inv_norm, PREC: tl.constexpr,
 
 
 @triton.jit
-def gk_bwd_kernel(low, w_up, b_up, dgk, dz, dlow, dbp, M, HK, L, inv_norm, PREC: tl.constexpr,
-                  BR: tl.constexpr, BN: tl.constexpr, BL: tl.constexpr):
-    """One program per BR rows, looping over HK in BN-wide blocks: recomputes z, writes dz = dgk·σ(−z)·inv_norm
-    (dz's dtype, for dW_up = dzᵀ low by cuBLAS), accumulates dlow[BR, L] = dz W_up across the blocks, and
-    stores its partial column sums of dz (db) in dbp[pid, :HK]. Masked rows and columns give dz = 0."""
-    pid = tl.program_id(0)
-    rows = pid * BR + tl.arange(0, BR)
+def gk_bwd_kernel(low, w_up, b_up, dgk, dlow_p, dwu_p, db_p, M, HK, L, inv_norm, ROWS,
+                  PREC: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, BL: tl.constexpr):
+    """Program (column block c, row range s of ROWS rows), walking its rows BR at a time: recomputes z, forms
+    dz = dgk·σ(−z)·inv_norm in registers and reduces it three ways, so dz never reaches HBM:
+        dlow_p[c, rows] = dz W_up[cols]       (fp32 partials, summed over c by the caller)
+        dwu_p[s, :, cols] += lowᵀ dz           (dW_upᵀ partials, summed over s)
+        db_p[s, cols] += Σ_rows dz
+    W_up's two tiles and b are loaded once per program. low is transposed as loaded, never an accumulator
+    (../shared/GPU.md); dz enters both dots in bf16, as cuBLAS's dW_up = dzᵀ low read it before."""
+    pid_c, pid_s = tl.program_id(0), tl.program_id(1)
+    cols = pid_c * BN + tl.arange(0, BN)
     ll = tl.arange(0, BL)
-    mr, ml = rows < M, ll < L
-    low_t = tl.load(low + rows[:, None] * L + ll[None, :], mask=mr[:, None] & ml[None, :], other=0.0)
-    acc = tl.zeros([BR, BL], dtype=tl.float32)
-    for c0 in range(0, HK, BN):
-        cols = c0 + tl.arange(0, BN)
-        mc = cols < HK
-        z = _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC)
-        at = rows[:, None] * HK + cols[None, :]
-        g = tl.load(dgk + at, mask=mr[:, None] & mc[None, :], other=0.0).to(tl.float32)
-        d = g * tl.sigmoid(-z) * inv_norm                          # d logsigmoid(z)/dz = σ(−z)
-        tl.store(dz + at, d.to(dz.dtype.element_ty), mask=mr[:, None] & mc[None, :])
-        tl.store(dbp + pid * HK + cols, tl.sum(d, axis=0), mask=mc)
-        wu = tl.load(w_up + cols[:, None] * L + ll[None, :], mask=mc[:, None] & ml[None, :], other=0.0)  # [BN, BL]
-        acc = tl.dot(d.to(wu.dtype), wu, acc, input_precision=PREC)
-    tl.store(dlow + rows[:, None] * L + ll[None, :], acc.to(dlow.dtype.element_ty), mask=mr[:, None] & ml[None, :])
+    mc, ml = cols < HK, ll < L
+    wt = tl.load(w_up + cols[None, :] * L + ll[:, None], mask=mc[None, :] & ml[:, None], other=0.0)   # [BL, BN]
+    wu = tl.load(w_up + cols[:, None] * L + ll[None, :], mask=mc[:, None] & ml[None, :], other=0.0)   # [BN, BL]
+    b = tl.load(b_up + cols, mask=mc, other=0.0).to(tl.float32)
+    acc_w = tl.zeros([BL, BN], dtype=tl.float32)
+    acc_b = tl.zeros([BN], dtype=tl.float32)
+    r_end = tl.minimum(M, (pid_s + 1) * ROWS)
+    for r0 in range(pid_s * ROWS, r_end, BR):
+        rows = r0 + tl.arange(0, BR)
+        mr = rows < r_end
+        low_t = tl.load(low + rows[:, None] * L + ll[None, :], mask=mr[:, None] & ml[None, :], other=0.0)
+        z = tl.dot(low_t, wt, input_precision=PREC) + b[None, :]
+        g = tl.load(dgk + rows[:, None] * HK + cols[None, :], mask=mr[:, None] & mc[None, :], other=0.0)
+        d = g.to(tl.float32) * tl.sigmoid(-z) * inv_norm          # d logsigmoid(z)/dz = σ(−z); 0 where masked
+        acc_b += tl.sum(d, axis=0)
+        dh = d.to(wu.dtype)
+        tl.store(dlow_p + (pid_c * M + rows[:, None]) * L + ll[None, :], tl.dot(dh, wu, input_precision=PREC),
+                 mask=mr[:, None] & ml[None, :])
+        acc_w = tl.dot(tl.trans(low_t), dh, acc_w, input_precision=PREC)
+    tl.store(dwu_p + (pid_s * L + ll[:, None]) * HK + cols[None, :], acc_w, mask=ml[:, None] & mc[None, :])
+    tl.store(db_p + pid_s * HK + cols, acc_b, mask=mc)
 
 
 @triton.jit
@@ -147,3 +160,20 @@ def dgrad_kernel(dq, dk, dv, dr, dlow, w, dx, M, D, HK, HV, L, PREC: tl.constexp
     acc = _segment(acc, dlow, L, w, 2 * HK + 2 * HV, D, ra, cb, PREC, BK)
     mask = (rows < M)[:, None] & (cols < D)[None, :]
     tl.store(dx + rows[:, None] * D + cols[None, :], acc.to(dx.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def dgrad_tma_kernel(dq, dk, dv, dr, dlow, w, w_low, dx, M, D, HK, HV, L, PREC: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BL: tl.constexpr, GROUP: tl.constexpr):
+    """dgrad_kernel's product with every operand a tensor descriptor: dq, dk, dv, dr blocks [BM, BK], dlow [BM, BL];
+    w (W_cat) [BK, BN] and w_low (W_cat again, for the rank-L slice) [BL, BN]; dx [BM, BN], whose store
+    clips the edges."""
+    pid_m, pid_n = grouped_tile(M, D, BM, BN, GROUP)
+    m0, n0 = pid_m * BM, pid_n * BN
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    acc = dot_desc(acc, dq, w, HK, 0, m0, n0, PREC, BK)
+    acc = dot_desc(acc, dk, w, HK, HK, m0, n0, PREC, BK)
+    acc = dot_desc(acc, dv, w, HV, 2 * HK, m0, n0, PREC, BK)
+    acc = dot_desc(acc, dr, w, HV, 2 * HK + HV, m0, n0, PREC, BK)
+    acc = dot_desc(acc, dlow, w_low, L, 2 * HK + 2 * HV, m0, n0, PREC, BL)
+    dx.store([m0, n0], acc.to(dx.dtype))

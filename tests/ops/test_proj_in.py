@@ -113,11 +113,52 @@ def test_refusals_name_op_backend_and_remedy():
         fused.proj_in(*meta(1, 8, 64, 32, 32, 16)[:-1], torch.empty(31, device="meta"), 2)
 
 
+@pytest.mark.parametrize("programs", [1, 6, 512])
+def test_gk_backward_partials(programs, device, monkeypatch, poison_empty):
+    """gk's backward kernel against autograd of logsigmoid(low W_upᵀ + b)/16, with the row ranges per column block
+    forced to 1 (every program loops over all row tiles), 2 (a ragged last range) and one tile each, so a
+    partial that a loop drops or double-counts fails. M = 100 rows, HK = 40 (ragged column blocks), L = 5."""
+    monkeypatch.setattr(fused, "GK_BWD_PROGRAMS", programs)
+    M, HK, L = 100, 40, 5
+    g = torch.Generator().manual_seed(0)
+    low, w_up, b, dgk = (torch.randn(*s, generator=g).to(device) for s in ((M, L), (HK, L), (HK,), (M, HK)))
+    dlow, dw_up, db = fused.gk_bwd(low, w_up, b, dgk, 1 / 16, torch.float32)
+    ref = [t.clone().requires_grad_() for t in (low, w_up, b)]
+    gk = torch.nn.functional.logsigmoid(ref[0] @ ref[1].t() + ref[2]) / 16
+    want = torch.autograd.grad(gk, ref, dgk)
+    for name, got, w in zip(("dlow", "dW_up", "db"), (dlow, dw_up, db), want):
+        assert got.shape == w.shape and rel_err(got, w) < 1e-5, name
+
+
+# (HK, HV, L, d): in fp32 every width a multiple of 4 elements is TMA-addressable (16-byte rows); d = 33, L = 5
+# and HV = 18 are not, so those cases take the pointer kernel
+DGRAD_WIDTHS = [(24, 36, 4, 40), (32, 32, 16, 48), (24, 24, 16, 33), (32, 32, 5, 40), (16, 18, 16, 32)]
+
+
+@pytest.mark.parametrize("widths", DGRAD_WIDTHS, ids=lambda w: "HK{}HV{}L{}d{}".format(*w))
+def test_dgrad_engines_match_a_concatenated_product(widths, device, poison_empty):
+    """dx by tensor descriptors where every operand is TMA-addressable, else by pointer loads: each equals
+    [dq | dk | dv | dr | dlow] W_cat at ragged rows (M = 37) and K steps (a slice ending inside a BK block);
+    tma_addressable decides by the widths, so both kernels are exercised."""
+    HK, HV, L, d = widths
+    M = 37
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(M, n, generator=g).to(device, dtype) for n in (HK, HK, HV, HV, L)]
+    w_cat = torch.randn(2 * HK + 2 * HV + L, d, generator=g).to(device, dtype)
+    dx = fused.triton_dgrad(grads, w_cat, HK, HV, torch.float32)
+    want = torch.cat(grads, 1).double() @ w_cat.double()
+    aligned = all(n * grads[0].element_size() % 16 == 0 for n in (HK, HV, L, d))
+    if device == "cpu" or torch.cuda.get_device_capability()[0] >= 9:
+        assert fused.tma_addressable([*grads, w_cat, dx]) == aligned
+    assert rel_err(dx, want) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
 def test_gemm_autotune_is_small_and_ignores_rows():
     """≤ 6 configs per GEMM (STYLE.md §11), keyed on the widths, never on B·T."""
-    assert len(fused.GEMM_CONFIGS) <= 6
+    assert len(fused.GEMM_CONFIGS) <= 6 and len(fused.TMA_CONFIGS) <= 6
     assert set(fused._gemm_tuned.keys) == {"N", "D", "HK", "HV", "L"}
-    assert set(fused._dgrad_tuned.keys) == {"D", "HK", "HV", "L"}
+    assert set(fused._dgrad_tuned.keys) == set(fused._dgrad_tma_tuned.keys) == {"D", "HK", "HV", "L"}
 
 
 def test_registry_and_model_wiring():

@@ -31,11 +31,15 @@ KERNELS = {
         {"low": BF16, "w_up": BF16, "b_up": F32, "gk": F32}, ("M", "HK", "L"), ("inv_norm",),
         {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
     "ops.proj_in.kernels.gk_bwd_kernel": (
-        {"low": BF16, "w_up": BF16, "b_up": F32, "dgk": F32, "dz": BF16, "dlow": F32, "dbp": F32},
-        ("M", "HK", "L"), ("inv_norm",), {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
+        {"low": BF16, "w_up": BF16, "b_up": F32, "dgk": F32, "dlow_p": F32, "dwu_p": F32, "db_p": F32},
+        ("M", "HK", "L", "ROWS"), ("inv_norm",), {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
     "ops.proj_in.kernels.dgrad_kernel": (
         {"dq": BF16, "dk": BF16, "dv": BF16, "dr": BF16, "dlow": BF16, "w": BF16, "dx": F32},
         ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
+    "ops.proj_in.kernels.dgrad_tma_kernel": (
+        {**{n: "tensordesc<bf16[32,32]>" for n in ("dq", "dk", "dv", "dr", "w")}, "dlow": "tensordesc<bf16[32,16]>",
+         "w_low": "tensordesc<bf16[16,32]>", "dx": "tensordesc<fp32[32,32]>"},
+        ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "BL": 16, "GROUP": 8}),
     "ops.common.cross_entropy.ce_rows_kernel": (
         {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "stride"), (),
         {"IGNORE": -100, "GRAD": True, "BLOCK": 64}),
