@@ -97,6 +97,18 @@ def fused_label(op: str, backend: str, fuse: frozenset[str] | None) -> str:
     return f"fused[{','.join(c for c in have if fuse is None or c in fuse)}]"
 
 
+def variant_notes(resolved: list[tuple[str, str]], device) -> list[str]:
+    """What each resolved (op, backend label) runs on `device` where its module picks a kernel per architecture
+    (DESIGN §5: explicit and logged): the notes of modules defining `variant(device) -> str`, once per op."""
+    notes = []
+    for op, label in dict.fromkeys(resolved):
+        backend = label.split("[")[0]
+        module = importlib.import_module(f"ops.{op}.{backend}")
+        if hasattr(module, "variant"):
+            notes.append(f"{op} ({label}): {module.variant(device)}")
+    return notes
+
+
 def split_backends(spec: str) -> list[str]:
     """`naive,fused[chunk,state]` → ["naive", "fused[chunk,state]"]: commas inside brackets stay."""
     return [b.strip() for b in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec) if b.strip()]

@@ -158,6 +158,13 @@ def tma_addressable(tensors: list[torch.Tensor]) -> bool:
                                                                    for s in t.stride()[:-1]) for t in tensors)
 
 
+def variant(device: torch.device) -> str:
+    """The dx engine on `device`, for the run log (ops.variant_notes)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+        return "dx by TMA (dgrad_tma_kernel) where every width is a multiple of 16 bytes, else by pointer loads"
+    return "dx by pointer loads (dgrad_kernel): TMA needs compute capability 9.0"
+
+
 def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int,
                  out_dtype: torch.dtype) -> torch.Tensor:
     """grads = [dq, dk, dv, dr, dlow] ([M, width] contiguous, w_cat's dtype) → dx = Σ_s dA_s W_cat[slice s],

@@ -154,6 +154,17 @@ def test_dgrad_engines_match_a_concatenated_product(widths, device, poison_empty
     assert rel_err(dx, want) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
+def test_dx_engine_is_logged_per_architecture():
+    """DESIGN §5: a Hopper-only path is explicit and logged. train.py logs ops.variant_notes for the resolved ops."""
+    from ops import variant_notes
+
+    notes = variant_notes([("proj_in", "fused[proj]"), ("proj_in", "fused[proj]"), ("gla", "naive")],
+                          torch.device("cpu"))
+    assert notes == ["proj_in (fused[proj]): dx by pointer loads (dgrad_kernel): TMA needs compute capability 9.0"]
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
+        assert "TMA" in fused.variant(torch.device("cuda")).split(" where")[0]
+
+
 def test_gemm_autotune_is_small_and_ignores_rows():
     """≤ 6 configs per GEMM (STYLE.md §11), keyed on the widths, never on B·T."""
     assert len(fused.GEMM_CONFIGS) <= 6 and len(fused.TMA_CONFIGS) <= 6
