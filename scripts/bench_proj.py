@@ -123,12 +123,12 @@ def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict
     X, Xc, Q, Lo, G, A, W, Wd = M * d * 4, M * d * 2, 2 * M * (HK + HV) * 2, M * L * 2, M * HK * 4, M * HK * 2, \
         N * d * 2, L * d * 2
     dbp = (M // 64 + 1) * HK * 4 * 2                          # gk backward's partial column sums, written and read
-    gk_fwd, wcat = {"gk kernel": Lo + G}, {"cast x once": X + Xc, "W_cat (copy + cast)": 3 * W}
+    wcat = {"W_cat (copy + cast)": 3 * W, "prologue (xc, low, gk)": X + Xc + Lo + G + Wd}
     unfused_fwd = {"cast x ×5": 5 * (X + Xc), "cast weights": 3 * W, "linear q, k, v, r": 4 * Xc + W - Wd + Q,
                    "linear down": Xc + Lo, "linear up + b": Lo + A, ".float()": A + G, "logsigmoid": 2 * G,
                    "/ normalizer": 2 * G}
-    triton_fwd = {**wcat, "wide GEMM (q, k, v, r, low)": Xc + W + Q + Lo, **gk_fwd}
-    mm_fwd = {**wcat, "5 mm's into the slices": 5 * Xc + W + Q + Lo, **gk_fwd}
+    triton_fwd = {**wcat, "wide GEMM (q, k, v, r)": Xc + W - Wd + Q}
+    mm_fwd = {**wcat, "4 mm's into the slices": 4 * Xc + W - Wd + Q}
     unfused_bwd = {"/ normalizer bwd": 2 * G, "logsigmoid bwd": 3 * G, ".float() bwd": G + A,
                    "linear up bwd (dlow, dW_up, db)": 3 * A + 2 * Lo, "linear down bwd": 2 * Lo + 2 * Xc,
                    "dgrads q, k, v, r (bf16)": Q + W - Wd + 4 * Xc, "wgrads q, k, v, r": Q + 4 * Xc + W - Wd,

@@ -31,7 +31,12 @@ def launch_gemm(tuned: Callable, kernel: Callable, M: int, N: int, args: tuple, 
 @triton.jit
 def grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
     """(pid_m, pid_n) of this program: GROUP row tiles run together and share each column tile's W slice in L2."""
-    pid = tl.program_id(0)
+    return tile_of(tl.program_id(0), M, N, BM, BN, GROUP)
+
+
+@triton.jit
+def tile_of(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """(pid_m, pid_n) of tile number `pid` in grouped order (grouped_tile's; a persistent kernel's loop index)."""
     num_m, num_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
     per_group = GROUP * num_n
     first_m = (pid // per_group) * GROUP

@@ -2,11 +2,11 @@
 
     q, k, v, r = x W_qᵀ, x W_kᵀ, x W_vᵀ, x W_rᵀ;   gk = logsigmoid((x W_downᵀ) W_upᵀ + b) / normalizer
 
-Forward, after one cast of x to bf16 and one bf16 copy of the weights into W_cat = [W_q; W_k; W_v; W_r; W_down]
-([N, d], N = 2HK + 2HV + L; ≈ 34 MB at the seed shape, rebuilt per call so nothing is cached): the GEMM x W_catᵀ
-writes each slice contiguously (q, k, v, r as [B, T, H, D] tensors, since the GLA ops call .contiguous() and
-strided views of one [M, N] output would be copied there; the rank-L `low` as [M, L]); then one small Triton
-kernel gk = logsigmoid(low W_upᵀ + b)/normalizer (inner dimension L = 16: one tl.dot per tile) writing fp32.
+Forward: one bf16 copy of the weights into W_cat = [W_q; W_k; W_v; W_r; W_down] ([N, d], N = 2HK + 2HV + L;
+≈ 34 MB at the seed shape, rebuilt per call so nothing is cached); one Triton pass over x (the prologue) that
+writes xc = bf16(x), the rank-L `low` = xc W_downᵀ and gk = logsigmoid(low W_upᵀ + b)/normalizer (fp32); then the
+GEMM xc W_catᵀ writes q, k, v, r, each contiguous (as [B, T, H, D] tensors, since the GLA ops call .contiguous()
+and strided views of one [M, N] output would be copied there).
 Backward: one Triton kernel recomputes z from low and reduces dz = dgk·σ(−z)/normalizer in registers into
 partials of dlow = dz W_up, dW_up = dzᵀ low and db (dz never reaches HBM); dx = [dq | dk | dv | dr | dlow] W_cat,
 one GEMM, rounded once; the five dW_s = dA_sᵀ x by cuBLAS, fp32 straight from the accumulator. Saved: bf16 x, low,
@@ -15,13 +15,12 @@ W_cat (PyTorch's chain keeps five bf16 casts of x and the fp32 logsigmoid input)
 The two big GEMMs (forward x W_catᵀ, backward dx) each have two engines. The library runs the forward by cuBLAS
 (`mm_gemm`: one mm per slice into its place) and dx by our Triton kernel (`triton_dgrad`: one K loop per
 gradient, so the five gradients need no concatenation, and fp32 dx is written once; by TMA on Hopper, where it
-runs at cuBLAS's rate: 1.58 ms, 700 TFLOP/s, against 1.87 by pointer loads). `TritonProjIn` runs the forward by
-our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once); `CatProjIn` runs dx by
-cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape (unfused ÷ variant,
-fwd / fwd+bwd, bench/results/2026-11-25-h100-proj-in-tma/): library 1.26× / 1.29×, CatProjIn 1.21× / 1.18×,
-TritonProjIn 1.03× / 1.12×. The library's backward now takes less time than autograd's GEMMs alone (5.35 against
-5.54 ms fwd+bwd), so the "GEMMs alone" row is no longer a ceiling. The Triton forward moves 1.4× fewer bytes than
-cuBLAS's but its pointer-loaded GEMM runs ~15 % slower. Every engine pair stays tested against the oracle.
+runs at or above cuBLAS's rate: persistent, 1.53 ms, 720 TFLOP/s, against 1.87 by pointer loads). `TritonProjIn`
+runs the forward by our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once);
+`CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape
+(unfused ÷ variant, fwd / fwd+bwd, median of three runs, bench/results/2026-11-25-h100-proj-in-tma/): library
+1.21× / 1.31×, CatProjIn 1.18× / 1.22×, TritonProjIn 1.03× / 1.05×. The forward is GEMM-bound: its four cuBLAS
+GEMMs take 1.46 of its 1.91 ms. Every engine pair stays tested against the oracle.
 
 Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 32768, N = 8208; X = one
 [M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for elementwise kernels,
@@ -51,7 +50,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ops.common.chunk import check_triton_device
 from ops.common.gemm import INTERPRET_TILES, launch_gemm
 from ops.common.tiles import dot_precision
-from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, gk_fwd_kernel
+from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
 
 COMPONENTS = ("proj",)
 # Both big GEMMs (forward x W_catᵀ, backward dx): 4 configs each, keyed on the widths, never on the rows.
@@ -68,22 +67,24 @@ def _tma_blocks(nargs: dict) -> None:
     nargs["dlow"].block_shape = [BM, BL]
     nargs["w"].block_shape = [BK, BN]
     nargs["w_low"].block_shape = [BL, BN]
-    nargs["dx"].block_shape = [BM, BN]
+    nargs["dx"].block_shape = [BM, BN // 2]          # the epilogue stores two halves
 
 
-# dx by TMA: the four fastest of eight tiles tried at the seed shape on the H100 (1.64–1.71 ms; 128×128 tiles and
-# BK = 128 took 1.87–2.19; bench/results/2026-11-25-h100-proj-in-tma/call2-kernel-sweeps.log).
-TMA_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=8, num_stages=st, pre_hook=_tma_blocks)
-               for bm, bn in ((128, 256), (256, 128)) for st in (3, 4)]
-# The gk kernels stream [BR, BN] fp32 tiles (bound by HBM; no autotuning). BR rows per backward program also
-# sets db's partials: M / BR rows of HK floats (4 MB at the seed shape). The backward's tile is the best of 24
-# launches swept on the H100 (0.19 ms against 0.34 for the former BN = 128, 8 warps, default stages).
-GK_FWD = dict(BR=64, BN=128, num_warps=4)
+# dx by TMA, persistent: one or two programs per SM (PER_SM; one CTA fits at a time), 128×256 or 256×128 tiles,
+# three stages. At the seed shape on the H100: 1.59 ms (128×256, two per SM) to 1.69; one program per tile took
+# 1.64–1.72 at the same tiles, and 128×128 tiles or BK = 128 1.87–2.19 (call2-kernel-sweeps.log and
+# call11-12-dgrad.txt in bench/results/2026-11-25-h100-proj-in-tma/).
+TMA_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8, PER_SM=per_sm), num_warps=8, num_stages=3,
+                             pre_hook=_tma_blocks) for bm, bn in ((128, 256), (256, 128)) for per_sm in (1, 2)]
+# The prologue and gk backward stream [BR, BK] / [BR, BN] tiles (bound by HBM; no autotuning). Each is the best of
+# 24–48 launches swept on the H100 at the seed shape (bench/results/2026-11-25-h100-proj-in-tma/): the prologue
+# 0.277 ms against 0.299 for cast + rank-L mm + gk kernel; the gk backward 0.154.
+PROLOGUE = dict(BR=64, BK=64, BN=128, num_warps=8, num_stages=3)
 GK_BWD = dict(BR=64, BN=128, num_warps=4, num_stages=3)
 GK_BWD_PROGRAMS = 264                            # ≈ 2 per SM on an H100
 MAX_RANK = 64                                    # low [BR, L] and dlow stay in registers: L ≤ 64
-# Under TRITON_INTERPRET=1 (CPU tests): small gk tiles (the GEMMs' are ops.common.gemm.INTERPRET_TILES).
-INTERPRET_GK = dict(BR=16, BN=16)
+# Under TRITON_INTERPRET=1 (CPU tests): small tiles (the GEMMs' are ops.common.gemm.INTERPRET_TILES).
+INTERPRET_GK = dict(BR=16, BK=16, BN=16)
 
 
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)
@@ -120,21 +121,21 @@ def concat_weights(ws: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Te
     return w_cat
 
 
-def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, low: torch.Tensor, HK: int, HV: int) -> None:
-    """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements) and low [M, L]."""
+def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, HK: int, HV: int) -> None:
+    """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements). The kernel can also
+    write low's columns; the prologue has computed low, so N stops at r's last column."""
     M, D = xc.shape
-    N, L = w_cat.shape[0], low.shape[1]
-    launch_gemm(_gemm_tuned, gemm_in_kernel, M, N, (xc, w_cat, out, low, M, N, D, HK, HV, L), xc,
+    C4 = 2 * HK + 2 * HV
+    launch_gemm(_gemm_tuned, gemm_in_kernel, M, C4, (xc, w_cat, out, out, M, C4, D, HK, HV, 0), xc,
                 PREC=dot_precision(xc))
 
 
-def mm_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, low: torch.Tensor, HK: int, HV: int) -> None:
-    """wide_gemm's contract by cuBLAS: one mm per slice, each written into its place (x is read five times)."""
+def mm_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, HK: int, HV: int) -> None:
+    """wide_gemm's contract by cuBLAS: one mm per slice, each written into its place (x is read four times)."""
     M, bounds = xc.shape[0], [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
     with torch.autocast(xc.device.type, enabled=False):
         for a, b in zip(bounds, bounds[1:]):
             torch.mm(xc, w_cat[a:b].t(), out=out[M * a:M * b].view(M, b - a))
-        torch.mm(xc, w_cat[bounds[-1]:].t(), out=low)
 
 
 def cat_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_dtype: torch.dtype) -> torch.Tensor:
@@ -145,14 +146,10 @@ def cat_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, 
 
 def tma_addressable(tensors: list[torch.Tensor]) -> bool:
     """Whether dx can go through tensor descriptors: on a GPU of compute capability ≥ 9 (TMA), or under the
-    interpreter for fp32 and fp16 (Triton 3.9's interpreter reads bf16 descriptors wrongly: a plain bf16 GEMM
-    through them is off by 1e10); and every tensor 16-byte aligned with 16-byte row strides, as TMA requires.
+    interpreter (CPU tests), when every tensor is 16-byte aligned with 16-byte row strides, as TMA requires.
     Otherwise dgrad_kernel (pointer loads) runs, e.g. at widths that are not multiples of 8 bf16 elements."""
     t0 = tensors[0]
-    if t0.is_cuda:
-        if torch.cuda.get_device_capability(t0.device)[0] < 9:
-            return False
-    elif t0.dtype == torch.bfloat16:
+    if t0.is_cuda and torch.cuda.get_device_capability(t0.device)[0] < 9:
         return False
     return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0
                                                                    for s in t.stride()[:-1]) for t in tensors)
@@ -181,11 +178,14 @@ def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: in
     descs = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (*grads, w_cat, w_cat, dx)]
     args = (*descs, M, D, HK, HV, L)
     if w_cat.is_cuda:
-        _dgrad_tma_tuned[lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(D, m["BN"]),)](*args, PREC=prec, BL=BL)
-    else:
-        t = INTERPRET_TILES
+        sms = torch.cuda.get_device_properties(w_cat.device).multi_processor_count
+        tiles = lambda m: triton.cdiv(M, m["BM"]) * triton.cdiv(D, m["BN"])                 # noqa: E731
+        _dgrad_tma_tuned[lambda m: (min(tiles(m), m["PER_SM"] * sms),)](*args, PREC=prec, BL=BL)
+    else:                 # a few programs, so that each walks several tiles (ragged edges among them)
+        t = dict(INTERPRET_TILES, BN=32, PER_SM=1)
         _tma_blocks(dict(zip(("dq", "dk", "dv", "dr", "dlow", "w", "w_low", "dx"), descs), BL=BL, **t))
-        dgrad_tma_kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(D, t["BN"]),)](*args, PREC=prec, BL=BL, **t)
+        programs = min(3, triton.cdiv(M, t["BM"]) * triton.cdiv(D, t["BN"]))
+        dgrad_tma_kernel[(programs,)](*args, PREC=prec, BL=BL, **t)
     return dx
 
 
@@ -197,23 +197,28 @@ def wgrad(da: torch.Tensor, a: torch.Tensor, out_dtype: torch.dtype) -> torch.Te
     return (da.t() @ a).to(out_dtype)
 
 
-def _gk_tiles(low: torch.Tensor, bwd: bool) -> tuple[dict, dict]:
+def _gk_tiles(on: torch.Tensor, L: int, launch: dict, names: tuple[str, ...]) -> tuple[dict, dict]:
     """(tile sizes, launch options) of a gk kernel: BL pads the rank to a power of two ≥ 16 (tl.dot's minimum)."""
-    bl = max(16, triton.next_power_of_2(low.shape[1]))
-    if not low.is_cuda:
-        return dict(INTERPRET_GK, BL=bl), {}
-    t = GK_BWD if bwd else GK_FWD
-    return dict(BR=t["BR"], BN=t["BN"], BL=bl), {k: v for k, v in t.items() if k.startswith("num_")}
+    bl = max(16, triton.next_power_of_2(L))
+    t = launch if on.is_cuda else INTERPRET_GK
+    return {**{k: t[k] for k in names}, "BL": bl}, {k: v for k, v in t.items() if k.startswith("num_")}
 
 
-def gk_fwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, inv_norm: float) -> torch.Tensor:
-    """low [M, L], w_up [HK, L] (one dtype), b_up [HK] → gk = logsigmoid(low W_upᵀ + b)·inv_norm, [M, HK] fp32."""
-    (M, L), HK = low.shape, w_up.shape[0]
-    gk = torch.empty(M, HK, device=low.device, dtype=torch.float32)
-    t, opts = _gk_tiles(low, bwd=False)
-    grid = (triton.cdiv(M, t["BR"]), triton.cdiv(HK, t["BN"]))
-    gk_fwd_kernel[grid](low, w_up, b_up, gk, M, HK, L, inv_norm, PREC=dot_precision(low), **t, **opts)
-    return gk
+def prologue(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, inv_norm: float,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, d] (any float dtype), w_down [L, d] and w_up [HK, L] in dtype, b_up [HK] → xc [M, d] in dtype (x
+    itself when it already is that, contiguous), low [M, L] in dtype, gk = logsigmoid(low W_upᵀ + b)·inv_norm
+    [M, HK] fp32: one pass over x."""
+    (M, D), (L, HK) = x.shape, (w_down.shape[0], w_up.shape[0])
+    x = x.contiguous()
+    store = x.dtype != dtype
+    xc = torch.empty(M, D, device=x.device, dtype=dtype) if store else x
+    low = torch.empty(M, L, device=x.device, dtype=dtype)    # its own tensor: saving it keeps only M·L alive
+    gk = torch.empty(M, HK, device=x.device, dtype=torch.float32)
+    t, opts = _gk_tiles(x, L, PROLOGUE, ("BR", "BK", "BN"))
+    prologue_kernel[(triton.cdiv(M, t["BR"]),)](x, xc, w_down, low, w_up, b_up, gk, M, D, HK, L, inv_norm,
+                                               STORE_XC=store, PREC=dot_precision(xc), **t, **opts)
+    return xc, low, gk
 
 
 def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch.Tensor, inv_norm: float,
@@ -222,7 +227,7 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
     column blocks × row ranges, about GK_BWD_PROGRAMS programs; its partials (dlow's: HK / BN · M · L fp32, 34 MB
     at the seed shape, where dz was 134 MB of bf16 written and read again) are summed here."""
     (M, L), HK = low.shape, w_up.shape[0]
-    t, opts = _gk_tiles(low, bwd=True)
+    t, opts = _gk_tiles(low, L, GK_BWD, ("BR", "BN"))
     n_col = triton.cdiv(HK, t["BN"])
     ranges = max(1, min(triton.cdiv(M, t["BR"]), GK_BWD_PROGRAMS // n_col))
     rows = triton.cdiv(triton.cdiv(M, ranges), t["BR"]) * t["BR"]
@@ -245,14 +250,13 @@ class FusedProjIn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, inv_norm):
         M = x.shape[0]
-        HK, HV, L, _ = widths(w_q, w_v, w_down)
-        xc = x.to(dtype).contiguous()                 # the one cast of x (PyTorch's chain casts it five times)
+        HK, HV, _, _ = widths(w_q, w_v, w_down)
         w_cat = concat_weights((w_q, w_k, w_v, w_r, w_down), dtype)
-        out = torch.empty(M * (2 * HK + 2 * HV), device=x.device, dtype=dtype)
-        low = torch.empty(M, L, device=x.device, dtype=dtype)    # its own tensor: saving it keeps only M·L alive
-        ctx._forward_cls.gemm(xc, w_cat, out, low, HK, HV)    # the subclass's engine (the class applied)
         wu = w_up.to(dtype).contiguous()
-        gk = gk_fwd(low, wu, b_up, inv_norm)
+        # the one cast of x (PyTorch's chain casts it five times), low and gk, in one pass
+        xc, low, gk = prologue(x, w_cat[2 * HK + 2 * HV:], wu, b_up, inv_norm, dtype)
+        out = torch.empty(M * (2 * HK + 2 * HV), device=x.device, dtype=dtype)
+        ctx._forward_cls.gemm(xc, w_cat, out, HK, HV)    # the subclass's engine (the class applied)
         ctx.save_for_backward(xc, low, w_cat, wu, b_up)
         ctx.inv_norm, ctx.x_dtype = inv_norm, x.dtype
         ctx.w_dtypes = [w.dtype for w in (w_q, w_k, w_v, w_r, w_down, w_up)]

@@ -6,14 +6,15 @@ so output column c of x W_catᵀ belongs to slice q (c < HK), k (< 2HK), v (< 2H
 or low (< N). q, k, v, r live back to back in one buffer `out`, each a contiguous [M, width] block
 (slice s starts at element M·start_s), so each is the contiguous [B, T, H, D] tensor the mixer wants.
 
-    gemm_in_kernel   x[M, d] W_catᵀ → q, k, v, r (out) and low [M, L], each written once
-    gk_fwd_kernel    gk = logsigmoid(low W_upᵀ + b) / normalizer                         [M, HK] fp32
+    prologue_kernel  one pass over x: xc = bf16(x), low = xc W_downᵀ, gk = logsigmoid(low W_upᵀ + b) / normalizer
+    gemm_in_kernel   xc[M, d] W_catᵀ → q, k, v, r (out) and low [M, L] if N covers it, each written once
     gk_bwd_kernel    dz = dgk · sigmoid(−z) / normalizer (z recomputed) in registers, reduced into partials of
                      dlow = dz W_up, dW_up = dzᵀ low and db: dz is never stored
     dgrad_kernel     dx = dq W_q + dk W_k + dv W_v + dr W_r + dlow W_down: one K loop per operand,
                      one accumulator, so the five gradients are never concatenated and dx is written once
-    dgrad_tma_kernel the same on tensor descriptors: TMA loads on Hopper (1.64 against 1.87 ms at the seed
-                     shape, bench/results/2026-11-25-h100-proj-in-tma/), for widths TMA can address
+    dgrad_tma_kernel the same on tensor descriptors, persistent: TMA loads and stores on Hopper (1.59 against
+                     1.87 ms at the seed shape, bench/results/2026-11-25-h100-proj-in-tma/), for widths TMA
+                     can address
 
 No dot accumulator is ever transposed (the Hopper miscompile in ../shared/GPU.md): W tiles that are needed
 transposed are loaded transposed by their pointers, low by tl.trans of its loaded tile; dz (derived from the z
@@ -24,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.common.gemm import dot_desc, dot_rows, grouped_tile
+from ops.common.gemm import dot_desc, dot_rows, grouped_tile, tile_of
 
 
 @triton.jit
@@ -80,17 +81,31 @@ def _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC: tl.constexpr):
 
 
 @triton.jit
-def gk_fwd_kernel(low, w_up, b_up, gk, M, HK, L, inv_norm, PREC: tl.constexpr,
-                  BR: tl.constexpr, BN: tl.constexpr, BL: tl.constexpr):
-    """Program (row block, column block): gk[BR, BN] = logsigmoid(low W_upᵀ + b) · inv_norm, stored fp32.
-    The inner dimension is L (16): one tl.dot per tile, padded to BL ≥ 16 with zeros."""
+def prologue_kernel(x, xc, w_down, low, w_up, b_up, gk, M, D, HK, L, inv_norm, STORE_XC: tl.constexpr,
+                    PREC: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, BL: tl.constexpr):
+    """One program per BR rows, in one pass over x: xc = x in the GEMMs' dtype (stored if STORE_XC, else x is
+    already that), low = xc W_downᵀ (fp32 accumulation over d, rounded to low's dtype as a GEMM would), then
+    gk = logsigmoid(low W_upᵀ + b) · inv_norm across HK in BN-wide blocks, stored fp32. Replaces a cast kernel,
+    the rank-L GEMM (which read xc again) and the gk kernel: 670 MB instead of 805 at the seed shape."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    ll = tl.arange(0, BL)
-    mr, mc = rows < M, cols < HK
-    low_t = tl.load(low + rows[:, None] * L + ll[None, :], mask=mr[:, None] & (ll < L)[None, :], other=0.0)
-    z = _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC)
-    tl.store(gk + rows[:, None] * HK + cols[None, :], _logsigmoid(z) * inv_norm, mask=mr[:, None] & mc[None, :])
+    ll, kk = tl.arange(0, BL), tl.arange(0, BK)
+    mr, ml = rows < M, ll < L
+    acc = tl.zeros([BR, BL], dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        mk = (k0 + kk) < D
+        at = rows[:, None] * D + (k0 + kk)[None, :]
+        xt = tl.load(x + at, mask=mr[:, None] & mk[None, :], other=0.0).to(xc.dtype.element_ty)
+        if STORE_XC:
+            tl.store(xc + at, xt, mask=mr[:, None] & mk[None, :])
+        wt = tl.load(w_down + ll[None, :] * D + (k0 + kk)[:, None], mask=ml[None, :] & mk[:, None], other=0.0)
+        acc = tl.dot(xt, wt, acc, input_precision=PREC)
+    low_t = acc.to(low.dtype.element_ty)
+    tl.store(low + rows[:, None] * L + ll[None, :], low_t, mask=mr[:, None] & ml[None, :])
+    for c0 in range(0, HK, BN):
+        cols = c0 + tl.arange(0, BN)
+        mc = cols < HK
+        z = _z_tile(low_t, w_up, b_up, cols, ll, mc, HK, L, PREC)
+        tl.store(gk + rows[:, None] * HK + cols[None, :], _logsigmoid(z) * inv_norm, mask=mr[:, None] & mc[None, :])
 
 
 @triton.jit
@@ -164,16 +179,23 @@ def dgrad_kernel(dq, dk, dv, dr, dlow, w, dx, M, D, HK, HV, L, PREC: tl.constexp
 
 @triton.jit
 def dgrad_tma_kernel(dq, dk, dv, dr, dlow, w, w_low, dx, M, D, HK, HV, L, PREC: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BL: tl.constexpr, GROUP: tl.constexpr):
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BL: tl.constexpr, GROUP: tl.constexpr,
+                     PER_SM: tl.constexpr):
     """dgrad_kernel's product with every operand a tensor descriptor: dq, dk, dv, dr blocks [BM, BK], dlow [BM, BL];
-    w (W_cat) [BK, BN] and w_low (W_cat again, for the rank-L slice) [BL, BN]; dx [BM, BN], whose store
-    clips the edges."""
-    pid_m, pid_n = grouped_tile(M, D, BM, BN, GROUP)
-    m0, n0 = pid_m * BM, pid_n * BN
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    acc = dot_desc(acc, dq, w, HK, 0, m0, n0, PREC, BK)
-    acc = dot_desc(acc, dk, w, HK, HK, m0, n0, PREC, BK)
-    acc = dot_desc(acc, dv, w, HV, 2 * HK, m0, n0, PREC, BK)
-    acc = dot_desc(acc, dr, w, HV, 2 * HK + HV, m0, n0, PREC, BK)
-    acc = dot_desc(acc, dlow, w_low, L, 2 * HK + 2 * HV, m0, n0, PREC, BL)
-    dx.store([m0, n0], acc.to(dx.dtype))
+    w (W_cat) [BK, BN] and w_low (W_cat again, for the rank-L slice) [BL, BN]; dx [BM, BN / 2], whose stores clip
+    the edges. Persistent: each program walks tiles num_programs apart, so one tile's fp32 stores (issued as two
+    halves: a [BM, BN] fp32 staging buffer would not fit beside three pipeline stages) drain under the next
+    tile's loads. 1.59 against 1.67–1.72 ms for one program per tile (bench/results/2026-11-25-h100-proj-in-tma/).
+    PER_SM: programs per SM, read by the launch grid only (an autotuned choice)."""
+    for t in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tl.cdiv(D, BN), tl.num_programs(0)):
+        pid_m, pid_n = tile_of(t, M, D, BM, BN, GROUP)
+        m0, n0 = pid_m * BM, pid_n * BN
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        acc = dot_desc(acc, dq, w, HK, 0, m0, n0, PREC, BK)
+        acc = dot_desc(acc, dk, w, HK, HK, m0, n0, PREC, BK)
+        acc = dot_desc(acc, dv, w, HV, 2 * HK, m0, n0, PREC, BK)
+        acc = dot_desc(acc, dr, w, HV, 2 * HK + HV, m0, n0, PREC, BK)
+        acc = dot_desc(acc, dlow, w_low, L, 2 * HK + 2 * HV, m0, n0, PREC, BL)
+        left, right = acc.to(dx.dtype).reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
+        dx.store([m0, n0], left)
+        dx.store([m0, n0 + BN // 2], right)

@@ -113,6 +113,25 @@ def test_refusals_name_op_backend_and_remedy():
         fused.proj_in(*meta(1, 8, 64, 32, 32, 16)[:-1], torch.empty(31, device="meta"), 2)
 
 
+@pytest.mark.parametrize("half", [False, True])
+def test_prologue_casts_x_once(half, device, poison_empty):
+    """The prologue's three outputs: xc is x rounded to the GEMMs' dtype (x itself when already in it), low the
+    rank-L product of xc, gk from low; at ragged rows and d (37 × 40 against 16 × 16 tiles), L = 5. The 16-bit
+    dtype is bf16 on the GPU and fp16 on the CPU, whose interpreter (Triton 3.9) gets bf16 dots wrong by 1e10."""
+    dtype = (torch.bfloat16 if device == "cuda" else torch.float16) if half else torch.float32
+    M, d, HK, L = 37, 40, 24, 5
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(M, d, generator=g).to(device)
+    w_down, w_up = (torch.randn(*s, generator=g).to(device, dtype) / 3 for s in ((L, d), (HK, L)))
+    b = torch.randn(HK, generator=g).to(device)
+    xc, low, gk = fused.prologue(x, w_down, w_up, b, 1 / 16, dtype)
+    assert torch.equal(xc, x.to(dtype)) and (xc is x) == (not half)
+    want_low = xc.double() @ w_down.double().t()
+    assert low.dtype == dtype and rel_err(low, want_low) < (1e-2 if half else 1e-6)
+    want_gk = torch.nn.functional.logsigmoid(low.double() @ w_up.double().t() + b.double()) / 16
+    assert gk.dtype == torch.float32 and rel_err(gk, want_gk) < 1e-5
+
+
 @pytest.mark.parametrize("programs", [1, 6, 512])
 def test_gk_backward_partials(programs, device, monkeypatch, poison_empty):
     """gk's backward kernel against autograd of logsigmoid(low W_upᵀ + b)/16, with the row ranges per column block

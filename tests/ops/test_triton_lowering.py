@@ -27,9 +27,10 @@ KERNELS = {
     "ops.proj_in.kernels.gemm_in_kernel": (
         {"x": BF16, "w": BF16, "out": BF16, "low": BF16}, ("M", "N", "D", "HK", "HV", "L"), (),
         {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
-    "ops.proj_in.kernels.gk_fwd_kernel": (
-        {"low": BF16, "w_up": BF16, "b_up": F32, "gk": F32}, ("M", "HK", "L"), ("inv_norm",),
-        {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
+    "ops.proj_in.kernels.prologue_kernel": (
+        {"x": F32, "xc": BF16, "w_down": BF16, "low": BF16, "w_up": BF16, "b_up": F32, "gk": F32},
+        ("M", "D", "HK", "L"), ("inv_norm",),
+        {"STORE_XC": True, "PREC": "tf32", "BR": 16, "BK": 32, "BN": 32, "BL": 16}),
     "ops.proj_in.kernels.gk_bwd_kernel": (
         {"low": BF16, "w_up": BF16, "b_up": F32, "dgk": F32, "dlow_p": F32, "dwu_p": F32, "db_p": F32},
         ("M", "HK", "L", "ROWS"), ("inv_norm",), {"PREC": "tf32", "BR": 16, "BN": 32, "BL": 16}),
@@ -38,8 +39,9 @@ KERNELS = {
         ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
     "ops.proj_in.kernels.dgrad_tma_kernel": (
         {**{n: "tensordesc<bf16[32,32]>" for n in ("dq", "dk", "dv", "dr", "w")}, "dlow": "tensordesc<bf16[32,16]>",
-         "w_low": "tensordesc<bf16[16,32]>", "dx": "tensordesc<fp32[32,32]>"},
-        ("M", "D", "HK", "HV", "L"), (), {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "BL": 16, "GROUP": 8}),
+         "w_low": "tensordesc<bf16[16,32]>", "dx": "tensordesc<fp32[32,16]>"},
+        ("M", "D", "HK", "HV", "L"), (),
+        {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "BL": 16, "GROUP": 8, "PER_SM": 1}),
     "ops.common.cross_entropy.ce_rows_kernel": (
         {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "stride"), (),
         {"IGNORE": -100, "GRAD": True, "BLOCK": 64}),
