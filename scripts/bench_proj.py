@@ -117,12 +117,14 @@ VARIANTS = {"unfused": naive.proj_out, "fused": fused.proj_out, "fused-mm": fuse
 def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict:
     """The input side's analytical HBM traffic (bytes), as hbm_bytes counts it. X = M·d fp32 (x, dx), Xc = M·d
     bf16 (a cast of x), Q = 2·M·HK + 2·M·HV bf16 (q, k, v, r together, or their gradients), Lo = M·L bf16 (low,
-    dlow), G = M·HK fp32 (gk, dgk), A = M·HK bf16 (gk_up's output, dz), W = N·d bf16 (the five weights), Wp = N·d
-    fp32; Wd = L·d bf16 (W_down's share of W)."""
+    dlow), G = M·HK fp32 (gk, dgk), A = M·HK bf16 (the unfused chain's up-projection output and its gradient),
+    W = N·d bf16 (the five weights); Wd = L·d bf16 (W_down's share of W); the fused gk backward's fp32 partials: Pl
+    of dlow (one [M, L] per 128 columns), written and read, and Pw of dW_up and db (one [L + 1, HK] per row range;
+    at most 264 ranges, ops/proj_in/fused.py's GK_BWD_PROGRAMS)."""
     M, HK, HV, N = B * T, H * K, H * V, 2 * H * K + 2 * H * V + L
     X, Xc, Q, Lo, G, A, W, Wd = M * d * 4, M * d * 2, 2 * M * (HK + HV) * 2, M * L * 2, M * HK * 4, M * HK * 2, \
         N * d * 2, L * d * 2
-    dbp = (M // 64 + 1) * HK * 4 * 2                          # gk backward's partial column sums, written and read
+    Pl, Pw = 2 * -(-HK // 128) * M * L * 4, 2 * 264 * (L + 1) * HK * 4
     wcat = {"W_cat (copy + cast)": 3 * W, "prologue (xc, low, gk)": X + Xc + Lo + G + Wd}
     unfused_fwd = {"cast x ×5": 5 * (X + Xc), "cast weights": 3 * W, "linear q, k, v, r": 4 * Xc + W - Wd + Q,
                    "linear down": Xc + Lo, "linear up + b": Lo + A, ".float()": A + G, "logsigmoid": 2 * G,
@@ -133,7 +135,7 @@ def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict
                    "linear up bwd (dlow, dW_up, db)": 3 * A + 2 * Lo, "linear down bwd": 2 * Lo + 2 * Xc,
                    "dgrads q, k, v, r (bf16)": Q + W - Wd + 4 * Xc, "wgrads q, k, v, r": Q + 4 * Xc + W - Wd,
                    "dW → fp32": 3 * W, "dx_s bf16 → fp32 ×5": 5 * (Xc + X), "sum of x's 5 grads": 4 * 3 * X}
-    shared_bwd = {"gk backward kernel": G + 2 * Lo + A + dbp, "dW_up = dzᵀ low": A + Lo,
+    shared_bwd = {"gk backward kernel (dz on chip) and its partials' sums": G + Lo + Lo + Pl + Pw,
                   "wgrads ×5, fp32 out": Q + Lo + 5 * Xc + 2 * W}
     tdgrad_bwd = {"Triton dgrad, TMA (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
     cat_bwd = {"torch.cat of the grads": 2 * (Q + Lo), "mm (bf16 dx)": Q + Lo + W + Xc, "dx → fp32": Xc + X,

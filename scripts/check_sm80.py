@@ -19,7 +19,9 @@ available to us, and a kernel whose tiles need more shared memory than the A100'
 
 What it does not show: that the kernels are right on sm80 (only running them there can), autotuned kernels (their
 configs are chosen on the GPU, which skips any that do not fit; on a CPU they run one fixed config, compiled here),
-and the WMMA CUDA kernel (nvcc; its shared memory is checked by ops.attention.fused.plan_split). Writes
+Hopper-only kernels (proj_in's TMA dx: the capture takes the A100's pointer kernel, so the sm90 column shows that
+one too; tests/ops/test_triton_lowering.py lowers the TMA kernel for sm90), and the WMMA CUDA kernel (nvcc; its
+shared memory is checked by ops.attention.fused.plan_split). Writes
 bench/results/<date>-sm80-compile.{md,json}.
 """
 from __future__ import annotations

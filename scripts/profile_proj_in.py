@@ -39,8 +39,10 @@ def kernel_table(fn, inputs, dys, label: str) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
 
 
-def gemm_forms(M: int, d: int, n: int, parts: int) -> list[tuple[str, float, float]]:
-    """(form, ms, TFLOP/s) of each way to run the chain's GEMMs, after checking each form's result."""
+def gemm_forms(M: int, d: int, n: int, parts: int = 4) -> list[tuple[str, float, float]]:
+    """(form, ms, TFLOP/s) of each way to run the chain's GEMMs, after checking each form's result. parts = 4:
+    q, k, v, r (triton_dgrad takes exactly those four and the rank-L slice)."""
+    assert parts == 4, "triton_dgrad's contract is four slices and low"
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(M, d, generator=g, **bf)
@@ -89,17 +91,16 @@ def gemm_forms(M: int, d: int, n: int, parts: int) -> list[tuple[str, float, flo
     def wgrad_cat(cat=torch.cat(das, 1)):
         return cat.t() @ x
 
+    low, wc = torch.zeros(M, 16, **bf), torch.cat([w_cat, torch.zeros(16, d, **bf)])     # a rank-16 slice of 0s
+
     def triton_dgrad():
-        low = torch.zeros(M, 16, **bf)
-        wc = torch.cat([w_cat, torch.zeros(16, d, **bf)])
         return fused.triton_dgrad([*das, low], wc, n, n, torch.float32)
 
     checks = {"dgrad_bf16_sum": (dgrad_bf16_sum, ref_dx), "dgrad_accum_fp32": (dgrad_accum_fp32, ref_dx),
               "dgrad_cat": (dgrad_cat, ref_dx), "dgrad_cat_only_mm": (dgrad_cat_only_mm, ref_dx),
               "wgrad_one": (wgrad_one, ref_dw), "wgrad_one_fp32": (wgrad_one_fp32, ref_dw),
               "wgrad_splitk2": (wgrad_splitk2, ref_dw)}
-    if parts == 4:
-        checks["triton_dgrad"] = (triton_dgrad, ref_dx)
+    checks["triton_dgrad"] = (triton_dgrad, ref_dx)
     broken = set()
     for name, (f, ref) in checks.items():
         try:

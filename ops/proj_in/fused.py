@@ -22,9 +22,10 @@ runs the forward by our wide Triton GEMM too (its epilogue stores each column in
 1.21× / 1.31×, CatProjIn 1.18× / 1.22×, TritonProjIn 1.03× / 1.05×. The forward is GEMM-bound: its four cuBLAS
 GEMMs take 1.46 of its 1.91 ms. Every engine pair stays tested against the oracle.
 
-Predicted H100 time at the seed shape (B8 T4096 d2048 H16 K=V=128, L16; M = 32768, N = 8208; X = one
-[M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for elementwise kernels,
-~650 TFLOP/s for cuBLAS bf16 GEMMs and ~550 for the Triton ones (proj_out v2's measurements)):
+The first design's prediction (2026-11-24; a cast kernel, the wide Triton GEMM, a gk kernel, dz written for a
+cuBLAS dW_up: not the kernels above, kept for the record) at the seed shape (B8 T4096 d2048 H16 K=V=128, L16;
+M = 32768, N = 8208; X = one [M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for
+elementwise kernels, ~650 TFLOP/s for cuBLAS bf16 GEMMs and ~550 for the Triton ones (proj_out v2's measurements)):
   unfused fwd  5 casts of x 5 × 1.5X = 2013 MB; 4 GEMMs 2·M·d·2048 = 275 GFLOP each, 1100 GFLOP ≈ 1.69 ms;
                gk chain (down, up, .float(), logsigmoid, /16) 1.75 GB; weight casts 101 MB
                → 4968 MB, ≈ 1.69 + 3590 MB of elementwise ≈ 1.28 + small GEMMs 0.1 ≈ 3.1 ms
@@ -53,8 +54,9 @@ from ops.common.tiles import dot_precision
 from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
 
 COMPONENTS = ("proj",)
-# Both big GEMMs (forward x W_catᵀ, backward dx): 4 configs each, keyed on the widths, never on the rows.
-# 128×256 / 256×128 with 3 stages take 144 KB of shared memory (sm80 holds 163 KB, sm90 227 KB).
+# The Triton forward GEMM and the pointer-load dx: 4 configs each (TMA_CONFIGS below for dx by TMA), keyed on the
+# widths, never on the rows. 128×256 / 256×128 with 3 stages take 144 KB of shared memory (sm80 holds 163 KB, sm90
+# 227 KB).
 GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, num_stages=st)
                 for bm, bn, nw, st in ((128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4))]
 
@@ -145,11 +147,14 @@ def cat_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, 
 
 
 def tma_addressable(tensors: list[torch.Tensor]) -> bool:
-    """Whether dx can go through tensor descriptors: on a GPU of compute capability ≥ 9 (TMA), or under the
-    interpreter (CPU tests), when every tensor is 16-byte aligned with 16-byte row strides, as TMA requires.
+    """Whether dx can go through tensor descriptors: on a GPU of compute capability ≥ 9 (TMA) with 16-bit
+    operands (TMA_CONFIGS' tiles need 263 KB of shared memory in fp32, more than the H100's 227), or under the
+    interpreter (CPU tests, any dtype: it has no shared-memory limit), when every tensor is 16-byte aligned with
+    16-byte row strides, as TMA requires. tensors: the operands, then dx (fp32 by design, so not size-checked).
     Otherwise dgrad_kernel (pointer loads) runs, e.g. at widths that are not multiples of 8 bf16 elements."""
     t0 = tensors[0]
-    if t0.is_cuda and torch.cuda.get_device_capability(t0.device)[0] < 9:
+    if t0.is_cuda and (torch.cuda.get_device_capability(t0.device)[0] < 9
+                       or any(t.element_size() != 2 for t in tensors[:-1])):
         return False
     return all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0
                                                                    for s in t.stride()[:-1]) for t in tensors)
@@ -158,7 +163,8 @@ def tma_addressable(tensors: list[torch.Tensor]) -> bool:
 def variant(device: torch.device) -> str:
     """The dx engine on `device`, for the run log (ops.variant_notes)."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
-        return "dx by TMA (dgrad_tma_kernel) where every width is a multiple of 16 bytes, else by pointer loads"
+        return ("dx by TMA (dgrad_tma_kernel) for bf16/fp16 operands whose widths are multiples of 16 bytes, "
+                "else by pointer loads (dgrad_kernel)")
     return "dx by pointer loads (dgrad_kernel): TMA needs compute capability 9.0"
 
 
@@ -225,7 +231,9 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
            w_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dgk [M, HK] → dlow [M, L] in low's dtype, dW_up [HK, L] in w_dtype, db [HK] fp32. The kernel's grid is
     column blocks × row ranges, about GK_BWD_PROGRAMS programs; its partials (dlow's: HK / BN · M · L fp32, 34 MB
-    at the seed shape, where dz was 134 MB of bf16 written and read again) are summed here."""
+    at the seed shape, where dz was 134 MB of bf16 written and read again; as large as dz at L = 64) are summed
+    here. Offsets stay in int32 while BN ≥ 32: the largest, HK / BN · M · L with L ≤ 64, is then < M · N, which
+    `launch` bounds."""
     (M, L), HK = low.shape, w_up.shape[0]
     t, opts = _gk_tiles(low, L, GK_BWD, ("BR", "BN"))
     n_col = triton.cdiv(HK, t["BN"])

@@ -12,7 +12,7 @@ or low (< N). q, k, v, r live back to back in one buffer `out`, each a contiguou
                      dlow = dz W_up, dW_up = dzᵀ low and db: dz is never stored
     dgrad_kernel     dx = dq W_q + dk W_k + dv W_v + dr W_r + dlow W_down: one K loop per operand,
                      one accumulator, so the five gradients are never concatenated and dx is written once
-    dgrad_tma_kernel the same on tensor descriptors, persistent: TMA loads and stores on Hopper (1.59 against
+    dgrad_tma_kernel the same on tensor descriptors, persistent: TMA loads and stores on Hopper (1.53 against
                      1.87 ms at the seed shape, bench/results/2026-11-25-h100-proj-in-tma/), for widths TMA
                      can address
 
@@ -185,7 +185,8 @@ def dgrad_tma_kernel(dq, dk, dv, dr, dlow, w, w_low, dx, M, D, HK, HV, L, PREC: 
     w (W_cat) [BK, BN] and w_low (W_cat again, for the rank-L slice) [BL, BN]; dx [BM, BN / 2], whose stores clip
     the edges. Persistent: each program walks tiles num_programs apart, so one tile's fp32 stores (issued as two
     halves: a [BM, BN] fp32 staging buffer would not fit beside three pipeline stages) drain under the next
-    tile's loads. 1.59 against 1.67–1.72 ms for one program per tile (bench/results/2026-11-25-h100-proj-in-tma/).
+    tile's loads. 1.59 against 1.67–1.72 ms for one program per tile in isolation, 1.53 in the op
+    (bench/results/2026-11-25-h100-proj-in-tma/).
     PER_SM: programs per SM, read by the launch grid only (an autotuned choice)."""
     for t in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tl.cdiv(D, BN), tl.num_programs(0)):
         pid_m, pid_n = tile_of(t, M, D, BM, BN, GROUP)
