@@ -93,13 +93,15 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 
 
 def _prune(configs, named_args, **kwargs):
-    """Drop tiles wider than the output they cover (keep the narrowest if none is left)."""
-    n = triton.next_power_of_2(named_args["N"] if "N" in named_args else named_args["D"])
+    """Drop tiles wider than the output they cover, dx's D columns or the forward's 2HK + 2HV (keep the narrowest
+    if none is left)."""
+    width = named_args["D"] if "dx" in named_args else 2 * named_args["HK"] + 2 * named_args["HV"]
+    n = triton.next_power_of_2(width)
     kept = [c for c in configs if c.kwargs["BN"] <= max(n, 64)]
     return kept or [min(configs, key=lambda c: c.kwargs["BN"])]
 
 
-_gemm_tuned = triton.autotune(GEMM_CONFIGS, key=["N", "D", "HK", "HV", "L"],
+_gemm_tuned = triton.autotune(GEMM_CONFIGS, key=["D", "HK", "HV"],
                               prune_configs_by={"early_config_prune": _prune})(gemm_in_kernel)
 _dgrad_tuned = triton.autotune(GEMM_CONFIGS, key=["D", "HK", "HV", "L"],
                                prune_configs_by={"early_config_prune": _prune})(dgrad_kernel)
@@ -124,11 +126,10 @@ def concat_weights(ws: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Te
 
 
 def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, HK: int, HV: int) -> None:
-    """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements). The kernel can also
-    write low's columns; the prologue has computed low, so N stops at r's last column."""
+    """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements); low is the
+    prologue's, so W_cat's last L rows are not read."""
     M, D = xc.shape
-    C4 = 2 * HK + 2 * HV
-    launch_gemm(_gemm_tuned, gemm_in_kernel, M, C4, (xc, w_cat, out, out, M, C4, D, HK, HV, 0), xc,
+    launch_gemm(_gemm_tuned, gemm_in_kernel, M, 2 * HK + 2 * HV, (xc, w_cat, out, M, D, HK, HV), xc,
                 PREC=dot_precision(xc))
 
 
@@ -180,7 +181,7 @@ def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: in
         launch_gemm(_dgrad_tuned, dgrad_kernel, M, D, (*grads, w_cat, dx, M, D, HK, HV, L), w_cat, PREC=prec)
         return dx
     BL = max(16, triton.next_power_of_2(L))
-    # block shapes are placeholders on a GPU: the autotuner's pre-hook sets each config's
+    # the block shapes are placeholders on a GPU: the autotuner's pre-hook sets each config's own
     descs = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (*grads, w_cat, w_cat, dx)]
     args = (*descs, M, D, HK, HV, L)
     if w_cat.is_cuda:

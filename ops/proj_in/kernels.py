@@ -3,11 +3,12 @@
 Rows m = (b, t) flattened, M = B·T; d the model width; HK = H·K, HV = H·V, L the decay's low rank.
 W_cat = [W_q; W_k; W_v; W_r; W_down] is a row-major [N, d] bf16 copy of the five weights (N = 2HK + 2HV + L),
 so output column c of x W_catᵀ belongs to slice q (c < HK), k (< 2HK), v (< 2HK + HV), r (< C4 = 2HK + 2HV)
-or low (< N). q, k, v, r live back to back in one buffer `out`, each a contiguous [M, width] block
-(slice s starts at element M·start_s), so each is the contiguous [B, T, H, D] tensor the mixer wants.
+or low (< N; the prologue computes it). q, k, v, r live back to back in one buffer `out`, each a contiguous
+[M, width] block (slice s starts at element M·start_s), so each is the contiguous [B, T, H, D] tensor the mixer
+wants.
 
     prologue_kernel  one pass over x: xc = bf16(x), low = xc W_downᵀ, gk = logsigmoid(low W_upᵀ + b) / normalizer
-    gemm_in_kernel   xc[M, d] W_catᵀ → q, k, v, r (out) and low [M, L] if N covers it, each written once
+    gemm_in_kernel   xc[M, d] W_cat[:C4]ᵀ → q, k, v, r (out), each written once
     gk_bwd_kernel    dz = dgk · sigmoid(−z) / normalizer (z recomputed) in registers, reduced into partials of
                      dlow = dz W_up, dW_up = dzᵀ low and db: dz is never stored
     dgrad_kernel     dx = dq W_q + dk W_k + dv W_v + dr W_r + dlow W_down: one K loop per operand,
@@ -35,34 +36,30 @@ def _slice_start(c, HK, HV):
 
 
 @triton.jit
-def gemm_in_kernel(x, w, out, low, M, N, D, HK, HV, L, PREC: tl.constexpr,
+def gemm_in_kernel(x, w, out, M, D, HK, HV, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    """[M, N] = x[M, D] W_cat[N, D]ᵀ, fp32 accumulation, each column stored in its slice (module docstring).
+    """[M, C4] = x[M, D] W_cat[:C4, D]ᵀ, fp32 accumulation, each column stored in its slice (module docstring).
     The main loop is ops/common/gemm.py's (shared with proj_out); only the epilogue knows about slices."""
-    pid_m, pid_n = grouped_tile(M, N, BM, BN, GROUP)
+    C4 = 2 * HK + 2 * HV
+    pid_m, pid_n = grouped_tile(M, C4, BM, BN, GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
-    acc = dot_rows(tl.zeros([BM, BN], dtype=tl.float32), x, w, rows % M, cols % N, D, PREC, BK)
-    C4 = 2 * HK + 2 * HV
-    mrow = (rows < M)[:, None]
+    acc = dot_rows(tl.zeros([BM, BN], dtype=tl.float32), x, w, rows % M, cols % C4, D, PREC, BK)
+    mask = (rows < M)[:, None] & (cols < C4)[None, :]
     c0 = pid_n * BN
-    c1 = tl.minimum(c0 + BN, N) - 1                                      # the tile's last real column
+    c1 = tl.minimum(c0 + BN, C4) - 1                                     # the tile's last real column
     acc = acc.to(out.dtype.element_ty)
-    if c0 >= C4:                                     # all low: a [BM, ≤ BN] block of the [M, L] tensor
-        tl.store(low + rows[:, None] * L + (cols - C4)[None, :], acc, mask=mrow & (cols < N)[None, :])
-    elif (_slice_start(c0, HK, HV) == _slice_start(tl.minimum(c1, C4 - 1), HK, HV)) & (c1 < C4):
+    if _slice_start(c0, HK, HV) == _slice_start(c1, HK, HV):
         # one slice (always so when BN divides HK and HV): scalar start and width, so the addresses are
         # affine in the columns and the stores vectorise
         # (names differ from the else branch's: Triton 3.6 wants one type per name across if/else)
         s0 = _slice_start(c0, HK, HV)
         width0 = tl.where(c0 < 2 * HK, HK, HV)
-        tl.store(out + s0 * M + rows[:, None] * width0 + (cols - s0)[None, :], acc, mask=mrow & (cols < N)[None, :])
+        tl.store(out + s0 * M + rows[:, None] * width0 + (cols - s0)[None, :], acc, mask=mask)
     else:                                            # a tile across a slice boundary: per-column addresses
         s = _slice_start(cols, HK, HV)
         widths = tl.where(cols < 2 * HK, HK, HV)
-        tl.store(out + s[None, :] * M + rows[:, None] * widths[None, :] + (cols - s)[None, :], acc,
-                 mask=mrow & (cols < C4)[None, :])
-        tl.store(low + rows[:, None] * L + (cols - C4)[None, :], acc, mask=mrow & ((cols >= C4) & (cols < N))[None, :])
+        tl.store(out + s[None, :] * M + rows[:, None] * widths[None, :] + (cols - s)[None, :], acc, mask=mask)
 
 
 @triton.jit

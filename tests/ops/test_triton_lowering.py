@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BF16, F32 = "*bf16", "*fp32"
 KERNELS = {
     "ops.proj_in.kernels.gemm_in_kernel": (
-        {"x": BF16, "w": BF16, "out": BF16, "low": BF16}, ("M", "N", "D", "HK", "HV", "L"), (),
+        {"x": BF16, "w": BF16, "out": BF16}, ("M", "D", "HK", "HV"), (),
         {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "GROUP": 8}),
     "ops.proj_in.kernels.prologue_kernel": (
         {"x": F32, "xc": BF16, "w_down": BF16, "low": BF16, "w_up": BF16, "b_up": F32, "gk": F32},
