@@ -19,30 +19,13 @@ from triton.testing import do_bench
 
 from ops.proj_in import fused, naive
 from scripts.bench_proj import make_inputs_in
+from scripts.profile_proj_out import kernel_table
 
 
-def kernel_table(fn, inputs, dys, label: str) -> None:
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            ys = fn(*inputs)
-        torch.autograd.backward(ys, dys)
-        for x in inputs:                # as a training step's zero_grad(set_to_none=True): no accumulation kernels
-            x.grad = None
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    print(f"== {label}: CUDA kernels over 5 forward+backward steps")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
-
-
-def gemm_forms(M: int, d: int, n: int, parts: int = 4) -> list[tuple[str, float, float]]:
-    """(form, ms, TFLOP/s) of each way to run the chain's GEMMs, after checking each form's result. parts = 4:
-    q, k, v, r (triton_dgrad takes exactly those four and the rank-L slice)."""
-    assert parts == 4, "triton_dgrad's contract is four slices and low"
+def gemm_forms(M: int, d: int, n: int) -> list[tuple[str, float, float]]:
+    """(form, ms, TFLOP/s) of each way to run the chain's four [M, d] × [d, n] GEMMs (q, k, v, r: triton_dgrad's
+    contract, with the rank-L slice as zeros), after checking each form's result."""
+    parts = 4
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(M, d, generator=g, **bf)
@@ -150,13 +133,13 @@ def main(argv: list[str] | None = None) -> None:
         inputs = make_inputs_in(B, T, d, H, K, V, L)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             dys = [torch.randn_like(y) for y in naive.proj_in(*[x.detach() for x in inputs], H, 16.0)]
-        kernel_table(lambda *a: naive.proj_in(*a, H, 16.0), inputs, dys, "unfused")
-        kernel_table(lambda *a: fused.proj_in(*a, H, 16.0), inputs, dys, "fused")
+        kernel_table(lambda *a: naive.proj_in(*a, H, 16.0), inputs, dys, "unfused", rows=18)
+        kernel_table(lambda *a: fused.proj_in(*a, H, 16.0), inputs, dys, "fused", rows=18)
         del inputs, dys
         torch.cuda.empty_cache()
     if args.no_forms:
         return
-    rows = gemm_forms(B * T, d, H * K, 4)
+    rows = gemm_forms(B * T, d, H * K)
     print(f"| GEMM form (M={B * T}, d={d}, n={H * K}, 4 slices) | ms | TFLOP/s |\n|---|---|---|")
     for name, ms, tf in rows:
         print(f"| {name} | {ms:.3f} | {tf:.0f} |")

@@ -21,11 +21,16 @@ from triton.testing import do_bench
 from ops.proj_out import fused, naive
 
 
-def kernel_table(fn, args, dy, label: str) -> None:
+def kernel_table(fn, args, dys, label: str, rows: int = 14) -> None:
+    """torch.profiler's CUDA kernels over 5 forward+backward steps of fn(*args) under bf16 autocast, after 3
+    warm-up steps. dys: the output's gradient (a tuple of them for several outputs). The inputs' .grad is reset
+    after each step, as zero_grad(set_to_none=True) does, so no accumulation kernels enter the table."""
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = fn(*args)
-        y.backward(dy)
+            ys = fn(*args)
+        torch.autograd.backward(ys, dys)
+        for x in args:
+            x.grad = None
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -34,7 +39,7 @@ def kernel_table(fn, args, dy, label: str) -> None:
             step()
         torch.cuda.synchronize()
     print(f"== {label}: CUDA kernels over 5 forward+backward steps")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
 
 
 def main(argv: list[str] | None = None) -> None:
