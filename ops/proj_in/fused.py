@@ -17,10 +17,12 @@ The two big GEMMs (forward x W_catᵀ, backward dx) each have two engines. The l
 gradient, so the five gradients need no concatenation, and fp32 dx is written once; by TMA on Hopper, where it
 runs at or above cuBLAS's rate: persistent, 1.53 ms, 720 TFLOP/s, against 1.87 by pointer loads). `TritonProjIn`
 runs the forward by our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once);
-`CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape
-(unfused ÷ variant, fwd / fwd+bwd, median of three runs, bench/results/2026-11-25-h100-proj-in-tma/): library
-1.21× / 1.31×, CatProjIn 1.18× / 1.22×, TritonProjIn 1.03× / 1.05×. The forward is GEMM-bound: its four cuBLAS
-GEMMs take 1.46 of its 1.91 ms. Every engine pair stays tested against the oracle.
+`CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape,
+against the chain as the model runs it (x a computed tensor, cast at each F.linear), unfused ÷ variant, fwd /
+fwd+bwd, median of three runs (bench/results/2026-11-26-h100-proj-in-forward/): library 1.47× / 1.61×, CatProjIn
+1.44× / 1.49×, TritonProjIn 1.29× / 1.42× (one run). Against the chain handed x as a leaf (autocast then caches
+its one cast), the library's is 1.21× / 1.29×. The forward is GEMM-bound: its four cuBLAS GEMMs take 1.46 of its
+1.91 ms. Every engine pair stays tested against the oracle.
 
 The first design's prediction (2026-11-24; a cast kernel, the wide Triton GEMM, a gk kernel, dz written for a
 cuBLAS dW_up: not the kernels above, kept for the record) at the seed shape (B8 T4096 d2048 H16 K=V=128, L16;
@@ -115,14 +117,18 @@ def widths(w_q: torch.Tensor, w_v: torch.Tensor, w_down: torch.Tensor) -> tuple[
     return HK, HV, L, [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV, 2 * HK + 2 * HV + L]
 
 
-def concat_weights(ws: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
-    """W_cat [N, d] in dtype: each weight copied (and cast) into its rows once, no fp32 intermediate."""
+def cast_weights(ws: tuple[torch.Tensor, ...], w_up: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """W_cat [N, d] (ws stacked by rows) and W_up [HK, L], both in dtype, by one torch._foreach_copy_ (one launch
+    for all six casts on a GPU: 46 against 58 µs for six copy kernels at the seed shape, H100,
+    bench/results/2026-11-26-h100-proj-in-forward/), no fp32 intermediate."""
     w_cat = torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], device=ws[0].device, dtype=dtype)
-    row = 0
+    wu = torch.empty(w_up.shape, device=w_up.device, dtype=dtype)
+    rows = [0]
     for w in ws:
-        w_cat[row:row + w.shape[0]].copy_(w)
-        row += w.shape[0]
-    return w_cat
+        rows.append(rows[-1] + w.shape[0])
+    torch._foreach_copy_([w_cat[a:b] for a, b in zip(rows, rows[1:])] + [wu], [*ws, w_up])
+    return w_cat, wu
 
 
 def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, HK: int, HV: int) -> None:
@@ -260,8 +266,7 @@ class FusedProjIn(torch.autograd.Function):
     def forward(ctx, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, inv_norm):
         M = x.shape[0]
         HK, HV, _, _ = widths(w_q, w_v, w_down)
-        w_cat = concat_weights((w_q, w_k, w_v, w_r, w_down), dtype)
-        wu = w_up.to(dtype).contiguous()
+        w_cat, wu = cast_weights((w_q, w_k, w_v, w_r, w_down), w_up, dtype)
         # the one cast of x (PyTorch's chain casts it five times), low and gk, in one pass
         xc, low, gk = prologue(x, w_cat[2 * HK + 2 * HV:], wu, b_up, inv_norm, dtype)
         out = torch.empty(M * (2 * HK + 2 * HV), device=x.device, dtype=dtype)
