@@ -8,7 +8,8 @@ kernel and backward, the GEMM by cuBLAS torch.mm followed by the residual add); 
 with an fp32 out_dtype, the residual as its C operand; only where this torch has aten::addmm.dtype for CUDA).
 
 Input side (ops/proj_in; five F.linear, each casting fp32 x to bf16, and logsigmoid(up(down(x)))/16):
-`unfused`; `fused` (the library's: x cast once, five cuBLAS mm's writing q, k, v, r, low into their slices,
+`unfused`; `unfused-leaf` (the same chain handed x as a leaf: see normed_input; the protocol of the results
+before 2026-11-26); `fused` (the library's: x cast once, five cuBLAS mm's writing q, k, v, r, low into their slices,
 the gk kernel; backward: gk kernel, dx by the Triton dgrad GEMM over the five gradients, cuBLAS wgrads);
 `triton` (fused.TritonProjIn: the forward by the wide Triton GEMM too); `cublas-cat` (fused.CatProjIn: dx by
 one cuBLAS mm over the concatenated gradients). Beside them, unchecked, `GEMMs alone`: the chain's six cuBLAS GEMMs
@@ -135,15 +136,28 @@ def hbm_bytes_in(B: int, T: int, d: int, H: int, K: int, V: int, L: int) -> dict
                    "linear up bwd (dlow, dW_up, db)": 3 * A + 2 * Lo, "linear down bwd": 2 * Lo + 2 * Xc,
                    "dgrads q, k, v, r (bf16)": Q + W - Wd + 4 * Xc, "wgrads q, k, v, r": Q + 4 * Xc + W - Wd,
                    "dW → fp32": 3 * W, "dx_s bf16 → fp32 ×5": 5 * (Xc + X), "sum of x's 5 grads": 4 * 3 * X}
+    leaf_fwd = {**{k: v for k, v in unfused_fwd.items() if k != "cast x ×5"}, "cast x once (autocast's cache)": X + Xc}
+    leaf_bwd = {**{k: v for k, v in unfused_bwd.items() if not k.startswith(("dx_s", "sum of x"))},
+                "sum of x's 5 grads (bf16)": 4 * 3 * Xc, "dx bf16 → fp32": Xc + X}
     shared_bwd = {"gk backward kernel (dz on chip) and its partials' sums": G + Lo + Lo + Pl + Pw,
                   "wgrads ×5, fp32 out": Q + Lo + 5 * Xc + 2 * W}
     tdgrad_bwd = {"Triton dgrad, TMA (dx fp32 once)": Q + Lo + W + X, **shared_bwd}
     cat_bwd = {"torch.cat of the grads": 2 * (Q + Lo), "mm (bf16 dx)": Q + Lo + W + Xc, "dx → fp32": Xc + X,
                **shared_bwd}
     return {name: {"parts": parts, "total": sum(parts.values())}
-            for name, parts in (("unfused fwd", unfused_fwd), ("fused fwd", mm_fwd), ("triton fwd", triton_fwd),
+            for name, parts in (("unfused fwd", unfused_fwd), ("unfused-leaf fwd", leaf_fwd),
+                                ("unfused-leaf bwd", leaf_bwd), ("fused fwd", mm_fwd), ("triton fwd", triton_fwd),
                                 ("cublas-cat fwd", mm_fwd), ("unfused bwd", unfused_bwd), ("fused bwd", tdgrad_bwd),
                                 ("triton bwd", tdgrad_bwd), ("cublas-cat bwd", cat_bwd))}
+
+
+def normed_input(fn):
+    """fn with x (its first argument) handed over as the model hands it: the block's RMSNorm output, a non-leaf.
+    Autocast caches its bf16 cast of an fp32 leaf that requires grad (its heuristic for weights) until the
+    autocast region ends; were x such a leaf, the unfused chain would cast it once instead of at each F.linear
+    (and sum its five gradients in bf16), which the model never does. x.view_as(x) is not a leaf and adds no
+    kernel."""
+    return lambda x, *a: fn(x.view_as(x), *a)
 
 
 IN_VARIANTS = {"unfused": naive_in.proj_in, "fused": fused_in.proj_in, "triton": fused_in.proj_in_triton,
@@ -374,11 +388,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.side in ("both", "in"):
         B, T, d, H, K, V, L = map(int, args.in_shape.split(","))
         inputs = make_inputs_in(B, T, d, H, K, V, L)
-        bind = lambda fn: (lambda *a: fn(*a, H, 16.0))                                       # noqa: E731
+        bind = lambda fn: normed_input(lambda *a: fn(*a, H, 16.0))                            # noqa: E731
         with torch.autocast("cuda", dtype=torch.bfloat16):                  # each gradient in its output's dtype
             dys = [torch.randn_like(y) for y in naive_in.proj_in(*[x.detach() for x in inputs], H, 16.0)]
         results["in"], table = measure(
-            "input side", {k: bind(f) for k, f in IN_VARIANTS.items()}, bind(naive_in.proj_in), inputs, dys,
+            "input side", {**{k: bind(f) for k, f in IN_VARIANTS.items()},
+                           "unfused-leaf": lambda *a: naive_in.proj_in(*a, H, 16.0)},
+            bind(naive_in.proj_in), inputs, dys,
             ["q", "k", "v", "gk", "r"], ["dx", "dW_q", "dW_k", "dW_v", "dW_r", "dW_down", "dW_up", "db_up"],
             hbm_bytes_in(B, T, d, H, K, V, L), dict(B=B, T=T, d=d, H=H, K=K, V=V, L=L),
             {"wide GEMM": fused_in._gemm_tuned, "dgrad GEMM (TMA)": fused_in._dgrad_tma_tuned,

@@ -32,19 +32,23 @@ from ops.mamba2_proj_in import fused as m2_fused
 from ops.mamba2_proj_in import naive as m2_naive
 from ops.proj_out import fused as out_fused
 from ops.proj_out import naive as out_naive
-from scripts.bench_proj import check, runnable, saved_bytes, timings
+from scripts.bench_proj import check, normed_input, runnable, saved_bytes, timings
 
 MB = 1e6
 
 
 def gdn_case(B=8, T=2048, d=1024, H=8, K=128, V=128, W=4) -> dict:
-    """GDN-340M's layer: x fp32 (the block's norm output) and fp32 parameters, as the model holds them."""
+    """GDN-340M's layer: x fp32 (the block's norm output, handed over as a non-leaf: bench_proj.normed_input) and
+    fp32 parameters, as the model holds them. `unfused-leaf` is the chain handed x as a leaf, whose bf16 cast
+    autocast then caches across the six linears (the protocol before 2026-11-26), timed beside for the record."""
     g = torch.Generator(device="cuda").manual_seed(0)
     rnd = partial(torch.randn, generator=g, device="cuda")
     ins = [rnd(B, T, d), *(rnd(n, d) / d ** 0.5 for n in (H * K, H * K, H * V, H * V, H, H)),
            *(rnd(c, 1, W) / W ** 0.5 for c in (H * K, H * K, H * V)), rnd(H).abs() + 0.5, rnd(H) - 3]
     return dict(name="gdn in", shape=dict(B=B, T=T, d=d, H=H, K=K, V=V, W=W), inputs=ins,
-                variants={"unfused": lambda *a: gdn_naive.gdn_proj_in(*a, H), "fused": lambda *a: gdn_fused.gdn_proj_in(*a, H)},
+                variants={"unfused": normed_input(lambda *a: gdn_naive.gdn_proj_in(*a, H)),
+                          "fused": normed_input(lambda *a: gdn_fused.gdn_proj_in(*a, H)),
+                          "unfused-leaf": lambda *a: gdn_naive.gdn_proj_in(*a, H)},
                 outs=["q", "k", "v", "g", "beta", "r"],
                 grads=["dx", "dW_q", "dW_k", "dW_v", "dW_r", "dW_b", "dW_a", "dconv_q", "dconv_k", "dconv_v",
                        "dA_log", "ddt_bias"])
@@ -57,8 +61,8 @@ def mamba2_in_case(B=8, T=2048, d=1024, d_inner=2048, d_state=128, H=32, W=4) ->
     ins = [rnd(B, T, d), rnd(d_inner + conv_dim + H, d) / d ** 0.5, rnd(conv_dim, 1, W) / W ** 0.5,
            0.3 * rnd(conv_dim), rnd(H) - 3]
     return dict(name="mamba2 in", shape=dict(B=B, T=T, d=d, d_inner=d_inner, d_state=d_state, H=H, W=W), inputs=ins,
-                variants={"unfused": lambda *a: m2_naive.mamba2_proj_in(*a, d_inner, d_state),
-                          "fused": lambda *a: m2_fused.mamba2_proj_in(*a, d_inner, d_state)},
+                variants={"unfused": normed_input(lambda *a: m2_naive.mamba2_proj_in(*a, d_inner, d_state)),
+                          "fused": normed_input(lambda *a: m2_fused.mamba2_proj_in(*a, d_inner, d_state))},
                 outs=["z", "x", "B", "C", "dt"], grads=["du", "dW_in", "dconv_w", "dconv_b", "ddt_bias"])
 
 
@@ -160,6 +164,12 @@ def main(argv: list[str] | None = None) -> dict:
                      f"{u['device_fwd_bwd_ms']:.3f} / {f['device_fwd_bwd_ms']:.3f} | "
                      f"{u['device_fwd_bwd_ms'] / f['device_fwd_bwd_ms']:.2f}× | {u['saved_mb']:.0f} / {f['saved_mb']:.0f} | {u['peak_extra_mb']:.0f} / {f['peak_extra_mb']:.0f} | "
                      f"{'PASS' if r['check']['pass'] else 'FAIL'} |")
+    table += [f"\n{name}, {label} (x a leaf: autocast casts it once): fwd {t['fwd_ms']:.3f} ms, fwd+bwd "
+              f"{t['fwd_bwd_ms']:.3f} ms; unfused ÷ it {r['timings']['unfused']['fwd_ms'] / t['fwd_ms']:.2f}× / "
+              f"{r['timings']['unfused']['fwd_bwd_ms'] / t['fwd_bwd_ms']:.2f}×; it ÷ fused "
+              f"{t['fwd_ms'] / r['timings']['fused']['fwd_ms']:.2f}× / "
+              f"{t['fwd_bwd_ms'] / r['timings']['fused']['fwd_bwd_ms']:.2f}×"
+              for name, r in results.items() for label, t in r["timings"].items() if label == "unfused-leaf"]
     md = ["# Gated DeltaNet and Mamba-2 projection chains: fused vs unfused, bf16 autocast", "",
           f"device {torch.cuda.get_device_name()}, torch {env['torch']}, triton {env['triton']}, "
           f"commit {env.get('commit', '?')}; do_bench median, warmup 25, rep 100", "", *table, "",

@@ -18,7 +18,7 @@ import torch
 from triton.testing import do_bench
 
 from ops.proj_in import fused, naive
-from scripts.bench_proj import make_inputs_in
+from scripts.bench_proj import make_inputs_in, normed_input
 from scripts.profile_proj_out import kernel_table
 
 
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         inputs = make_inputs_in(B, T, d, H, K, V, L)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             dys = [torch.randn_like(y) for y in naive.proj_in(*[x.detach() for x in inputs], H, 16.0)]
-        kernel_table(lambda *a: naive.proj_in(*a, H, 16.0), inputs, dys, "unfused", rows=18)
-        kernel_table(lambda *a: fused.proj_in(*a, H, 16.0), inputs, dys, "fused", rows=18)
+        kernel_table(normed_input(lambda *a: naive.proj_in(*a, H, 16.0)), inputs, dys, "unfused", rows=18)
+        kernel_table(normed_input(lambda *a: fused.proj_in(*a, H, 16.0)), inputs, dys, "fused", rows=18)
         del inputs, dys
         torch.cuda.empty_cache()
     if args.no_forms:
