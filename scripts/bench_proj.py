@@ -13,8 +13,9 @@ before 2026-11-26); `fused` (the library's: x cast once, five cuBLAS mm's writin
 the gk kernel; backward: gk kernel, dx by the Triton dgrad GEMM over the five gradients, cuBLAS wgrads);
 `triton` (fused.TritonProjIn: the forward by the wide Triton GEMM too); `cublas-cat` (fused.CatProjIn: dx by
 one cuBLAS mm over the concatenated gradients). Beside them, unchecked, `GEMMs alone`: the chain's six cuBLAS GEMMs
-forward (and their dgrads and wgrads backward) on x and weights already in bf16, with nothing else: what
-any fusion that keeps cuBLAS's GEMMs can at best reach, so unfused ÷ it bounds the attainable speed-up.
+forward (and autograd's dgrads and wgrads backward, the five dx parts summed) on x and weights already in bf16,
+with nothing else: the unfused chain's GEMM time. It is no bound on a fusion, which may merge those GEMMs (the
+fused dgrad is one GEMM over the five gradients, so `fused` runs forward+backward in less than this).
 
     python scripts/bench_proj.py --out bench/results/proj                 # both sides at the seed's shape
     python scripts/bench_proj.py --out /tmp/p --side out --shape 8,2048,4,256,1024      # GLA-340M's output side
@@ -206,7 +207,7 @@ def _outputs(y) -> tuple:
 
 def check(variants: dict, oracle, inputs: list, dys: list, out_names: list, in_names: list) -> dict:
     """Errors of each variant in bf16 against the fp32 oracle (same inputs in fp32), every output and every
-    gradient; pass: every fused variant ≤ 2 × unfused + 1e-3 (STYLE.md §7)."""
+    gradient; pass: every fused variant ≤ 2 × unfused + 1e-3 (STYLE.md §7; the unfused-* references are exempt)."""
     ref_in = [x.detach().float().requires_grad_() for x in inputs]
     torch.backends.cuda.matmul.allow_tf32 = False
     ref = _outputs(oracle(*ref_in))
@@ -218,7 +219,9 @@ def check(variants: dict, oracle, inputs: list, dys: list, out_names: list, in_n
         grads = torch.autograd.grad(y, inputs, dys)
         out[label] = {**{n: rel(a, b) for n, a, b in zip(out_names, y, ref)},
                       **{n: rel(a, b) for n, a, b in zip(in_names, grads, ref_g)}}
-    out["pass"] = all(out[v][k] <= 2 * out["unfused"][k] + 1e-3 for v in variants if v != "unfused" for k in out[v])
+    # the unfused-* variants are references (unfused-leaf: the same chain, x a leaf), not held to the bar
+    out["pass"] = all(out[v][k] <= 2 * out["unfused"][k] + 1e-3 for v in variants if not v.startswith("unfused")
+                      for k in out[v])
     return out
 
 
@@ -351,13 +354,13 @@ def measure(side: str, all_variants: dict, oracle, inputs: list, dys: list, out_
 
 def floor_rows(result: dict, inputs: list, dys: list, bind, md: Path) -> list[str]:
     """Times gemms_alone (bf16 leaves, each gradient reshaped to its [B, T, width] output), records it in the
-    result and its .md, and returns the table's floor rows: the speed-up no cuBLAS-based fusion can pass."""
+    result and its .md, and returns the table's rows for it: the unfused chain's GEMM time (module docstring)."""
     leaves = [t.detach().to(torch.bfloat16).requires_grad_() for t in inputs]
     fdys = [dy.reshape(*dy.shape[:2], -1).to(torch.bfloat16) for dy in dys]
     floor = timings(bind(gemms_alone), leaves, fdys)
     result["gemms_alone"] = floor
     un = result["timings"]["unfused"]
-    rows = ["", "| GEMMs alone (cuBLAS, bf16 inputs, nothing else) | ms | unfused ÷ it (the ceiling) |", "|---|---|---|",
+    rows = ["", "| the unfused chain's GEMMs alone (cuBLAS, bf16 inputs) | ms | unfused ÷ it |", "|---|---|---|",
             f"| fwd | {floor['fwd_ms']:.3f} | {un['fwd_ms'] / floor['fwd_ms']:.2f}× |",
             f"| fwd+bwd | {floor['fwd_bwd_ms']:.3f} | {un['fwd_bwd_ms'] / floor['fwd_bwd_ms']:.2f}× |"]
     md.write_text(md.read_text() + "\n".join(rows) + "\n")

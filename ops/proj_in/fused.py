@@ -20,9 +20,10 @@ runs the forward by our wide Triton GEMM too (its epilogue stores each column in
 `CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape,
 against the chain as the model runs it (x a computed tensor, cast at each F.linear), unfused ÷ variant, fwd /
 fwd+bwd, median of three runs (bench/results/2026-11-26-h100-proj-in-forward/): library 1.47× / 1.61×, CatProjIn
-1.44× / 1.49×, TritonProjIn 1.29× / 1.42× (one run). Against the chain handed x as a leaf (autocast then caches
-its one cast), the library's is 1.21× / 1.29×. The forward is GEMM-bound: its four cuBLAS GEMMs take 1.46 of its
-1.91 ms. Every engine pair stays tested against the oracle.
+1.38× / 1.49×, TritonProjIn 1.28× / 1.44×. Against the chain handed x as a leaf (autocast then caches its one
+cast), the library's is 1.21× / 1.29×. The forward is GEMM-bound: its four cuBLAS GEMMs take 1.63 of its 1.92 ms
+timed alone (1.42 by the profiler's kernel times, at boost clocks). Every engine pair stays tested against the
+oracle.
 
 The first design's prediction (2026-11-24; a cast kernel, the wide Triton GEMM, a gk kernel, dz written for a
 cuBLAS dW_up: not the kernels above, kept for the record) at the seed shape (B8 T4096 d2048 H16 K=V=128, L16;

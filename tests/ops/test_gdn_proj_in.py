@@ -12,6 +12,7 @@ import torch
 
 from ops import BackendError, get_op
 from ops.gdn_proj_in import fused, naive
+from scripts.bench_proj import normed_input
 from tests.helpers import rel_err, saved_bytes
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
@@ -102,16 +103,16 @@ GPU_SHAPES = {"gdn340m_B8T2048d1024H8K128": (8, 2048, 1024, 8, 128, 128, 4),
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 at full shapes needs a CUDA GPU")
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name):
-    """Under bf16 autocast, as the model runs, against the fp32 naive op: every output and gradient within twice
-    PyTorch's own bf16 error on the same chain plus 1e-3 (STYLE.md §7)."""
+    """Under bf16 autocast, as the model runs (x a non-leaf: bench_proj.normed_input), against the fp32 naive op:
+    every output and gradient within twice PyTorch's own bf16 error on the same chain plus 1e-3 (STYLE.md §7)."""
     shape = GPU_SHAPES[name]
     H = shape[3]
     inputs = make_inputs(*shape, device="cuda")
     ref_o, ref_g, dys = run(naive.gdn_proj_in, inputs, H)
     dys = [dy.cuda() for dy in dys]
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        nb_o, nb_g, _ = run(naive.gdn_proj_in, inputs, H, dys)
-        out, grads, _ = run(fused.gdn_proj_in, inputs, H, dys)
+        nb_o, nb_g, _ = run(normed_input(naive.gdn_proj_in), inputs, H, dys)
+        out, grads, _ = run(normed_input(fused.gdn_proj_in), inputs, H, dys)
     assert [out[n].dtype for n in OUTS] == [nb_o[n].dtype for n in OUTS]
     errs = {n: (rel_err(out[n], ref_o[n]), rel_err(nb_o[n], ref_o[n])) for n in OUTS}
     errs |= {f"d{n}": (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in INS}

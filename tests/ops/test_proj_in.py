@@ -12,6 +12,7 @@ import torch
 
 from ops import BackendError, get_op, parse_fuse
 from ops.proj_in import fused, naive
+from scripts.bench_proj import normed_input
 from tests.helpers import rel_err, saved_bytes
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
@@ -231,7 +232,8 @@ GPU_SHAPES = {"seed_B8T4096d2048H16K128": (8, 4096, 2048, 16, 128, 128, 16),
 @pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name, engine):
-    """Under bf16 autocast, as the model runs (fp32 x from the block's norm), against the fp32 naive op. Bound:
+    """Under bf16 autocast, as the model runs (fp32 x from the block's norm: a non-leaf, bench_proj.normed_input,
+    so the naive chain casts it at each F.linear as the model does), against the fp32 naive op. Bound:
     twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of rounding slack
     (STYLE.md §7), for every output and every gradient."""
     shape = GPU_SHAPES[name]
@@ -240,8 +242,8 @@ def test_fused_matches_naive_bf16_gpu(name, engine):
     ref_o, ref_g, dys = run(naive.proj_in, inputs, H, 16.0)            # fp32, no TF32 in the naive linears
     dys = [dy.cuda() for dy in dys]
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        nb_o, nb_g, _ = run(naive.proj_in, inputs, H, 16.0, dys)
-        out, grads, _ = run(ENGINES[engine], inputs, H, 16.0, dys)
+        nb_o, nb_g, _ = run(normed_input(naive.proj_in), inputs, H, 16.0, dys)
+        out, grads, _ = run(normed_input(ENGINES[engine]), inputs, H, 16.0, dys)
     assert [out[n].dtype for n in OUTS] == [nb_o[n].dtype for n in OUTS]
     errs = {n: (rel_err(out[n], ref_o[n]), rel_err(nb_o[n], ref_o[n])) for n in OUTS}
     errs |= {f"d{n}": (rel_err(grads[n], ref_g[n]), rel_err(nb_g[n], ref_g[n])) for n in INS}
