@@ -259,8 +259,10 @@ def saved_bytes(fn, inputs: list) -> int:
 
 
 def timings(fn, inputs: list, dys: list) -> dict:
-    """Median ms of the training forward (graph built) and of forward+backward; peak memory of the latter."""
-    from triton.testing import do_bench
+    """Median ms of the training forward (graph built) and of forward+backward; the latter also replayed as a CUDA
+    graph (graph_ms: the device's time alone, no host launch gaps, which at the smaller layers' ~0.5 ms can decide
+    the eager time); peak memory of forward+backward."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
     def fwd():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -270,6 +272,12 @@ def timings(fn, inputs: list, dys: list) -> dict:
         torch.autograd.backward(fwd(), dys)
     fwd_ms = do_bench(fwd, warmup=25, rep=100, return_mode="median")
     fwd_bwd_ms = do_bench(fwd_bwd, warmup=25, rep=100, grad_to_none=inputs, return_mode="median")
+    try:
+        graph_ms = do_bench_cudagraph(lambda: torch.autograd.grad(fwd(), inputs, dys, allow_unused=True), rep=100,
+                                      return_mode="median")
+    except RuntimeError as e:                     # a variant that cannot be captured: say so, time it eagerly only
+        graph_ms = float("nan")
+        print(f"CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -278,7 +286,7 @@ def timings(fn, inputs: list, dys: list) -> dict:
     peak = torch.cuda.max_memory_allocated() - base
     for x in inputs:
         x.grad = None
-    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_extra_mb": peak / MB}
+    return {"fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "graph_ms": graph_ms, "peak_extra_mb": peak / MB}
 
 
 def plot(result: dict, path: Path, title: str) -> None:
@@ -327,6 +335,7 @@ def measure(side: str, all_variants: dict, oracle, inputs: list, dys: list, out_
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     rows = {"fwd ms": {v: times[v]["fwd_ms"] for v in variants},
             "fwd+bwd ms": {v: times[v]["fwd_bwd_ms"] for v in variants},
+            "fwd+bwd ms, CUDA graph": {v: times[v]["graph_ms"] for v in variants},
             "HBM fwd MB": {v: bytes_[f"{v} fwd"]["total"] / MB for v in variants},
             "HBM bwd MB": {v: bytes_[f"{v} bwd"]["total"] / MB for v in variants},
             "saved for bwd MB": {v: times[v]["saved_mb"] for v in variants},

@@ -2,8 +2,8 @@
 lines as the model runs them: bf16 autocast, fp32 normed input and residual), forward and forward+backward,
 each variant first checked against the fp32 oracle (pass: every output and gradient within 2× the unfused
 chain's own bf16 error + 1e-3), with the activation bytes each saves and its peak memory. Times: do_bench's
-wall-clock median, and the summed CUDA kernel time of one forward+backward (torch.profiler), which leaves out
-the host's launch gaps.
+wall-clock median; forward+backward replayed as a CUDA graph (the device's time alone); and the summed CUDA
+kernel time of one forward+backward (torch.profiler), which also leaves out the host's launch gaps.
 
     gdn in       ops/gdn_proj_in: six linears, three ShortConvs, two F.normalize, β, g   vs one GEMM + conv kernels
     mamba2 in    ops/mamba2_proj_in: in_proj, the ShortConv over xBC, dt                  vs the same GEMM + conv kernel
@@ -87,6 +87,8 @@ def device_ms(fn, inputs: list, dys: list, steps: int = 5) -> float:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = fn(*inputs)
         torch.autograd.backward(y if isinstance(y, tuple) else (y,), dys)
+        for x in inputs:          # as zero_grad(set_to_none=True): no gradient-accumulation kernels in the sum
+            x.grad = None
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -94,8 +96,6 @@ def device_ms(fn, inputs: list, dys: list, steps: int = 5) -> float:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    for x in inputs:
-        x.grad = None
     return sum(e.self_device_time_total for e in prof.key_averages()) / steps / 1e3
 
 
@@ -154,13 +154,14 @@ def main(argv: list[str] | None = None) -> dict:
     record = {**env, "device": torch.cuda.get_device_name(), "results": results}
     (args.out / "proj_families.json").write_text(json.dumps(record, indent=1, default=str))
     table = ["| chain | shape | unfused fwd ms | fused fwd ms | fwd | unfused fwd+bwd ms | fused fwd+bwd ms | fwd+bwd "
-             "| kernel time fwd+bwd ms unfused / fused | kernels | saved MB unfused / fused "
-             "| peak extra MB unfused / fused | check |", "|---" * 13 + "|"]
+             "| CUDA graph fwd+bwd ms unfused / fused | graph | kernel time fwd+bwd ms unfused / fused | kernels "
+             "| saved MB unfused / fused | peak extra MB unfused / fused | check |", "|---" * 15 + "|"]
     for name, r in results.items():
         u, f = r["timings"]["unfused"], r["timings"]["fused"]
         table.append(f"| {name} | {' '.join(f'{k}{v}' for k, v in r['shape'].items())} | {u['fwd_ms']:.3f} | "
                      f"{f['fwd_ms']:.3f} | {u['fwd_ms'] / f['fwd_ms']:.2f}× | {u['fwd_bwd_ms']:.3f} | "
                      f"{f['fwd_bwd_ms']:.3f} | {u['fwd_bwd_ms'] / f['fwd_bwd_ms']:.2f}× | "
+                     f"{u['graph_ms']:.3f} / {f['graph_ms']:.3f} | {u['graph_ms'] / f['graph_ms']:.2f}× | "
                      f"{u['device_fwd_bwd_ms']:.3f} / {f['device_fwd_bwd_ms']:.3f} | "
                      f"{u['device_fwd_bwd_ms'] / f['device_fwd_bwd_ms']:.2f}× | {u['saved_mb']:.0f} / {f['saved_mb']:.0f} | {u['peak_extra_mb']:.0f} / {f['peak_extra_mb']:.0f} | "
                      f"{'PASS' if r['check']['pass'] else 'FAIL'} |")
