@@ -45,7 +45,10 @@ def test_wy_fwd_bwd(case, gate, device, poison_empty):
     dv_new, dk_in = torch.randn(B, T, H, V, device=device), torch.randn(B, T, H, K, device=device)
     dk, dv, dbeta, db = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_in, C)
     dk_ref, dv_ref, dbeta_ref, db_ref = wy_bwd_ref(k, v, b, beta, h, dv_new, C)
-    grads_close([dk - dk_in, dv, dbeta, db], [dk_ref, dv_ref, dbeta_ref, db_ref], "k v beta b".split(), TOL)
+    # the kernel adds dk_in into dk in fp32, so dk − dk_in carries rounding of dk_in's size: measured against
+    # ‖dk_ref‖ alone that failed 1 in 300 seeds at T = 5 (1.25e-5; 2026-11-26). The scale is the sum's terms.
+    grads_close([dk - dk_in, dv, dbeta, db], [dk_ref, dv_ref, dbeta_ref, db_ref], "k v beta b".split(), TOL,
+                magnitudes=[dk_ref.abs() + dk_in.abs(), dv_ref, dbeta_ref, db_ref])
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
