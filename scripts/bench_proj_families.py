@@ -33,6 +33,7 @@ from ops.mamba2_proj_in import naive as m2_naive
 from ops.proj_out import fused as out_fused
 from ops.proj_out import naive as out_naive
 from scripts.bench_proj import check, normed_input, runnable, saved_bytes, timings
+from scripts.profile_proj_out import profiled_steps
 
 MB = 1e6
 
@@ -83,19 +84,7 @@ def device_ms(fn, inputs: list, dys: list, steps: int = 5) -> float:
     wall time do_bench reports, without the host's launch gaps. At these layer sizes a fused op's few large
     kernels can leave the GPU waiting on Python (each Triton launch costs tens of µs of host time), which a whole
     model hides when its step is GPU-bound; both numbers are reported."""
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = fn(*inputs)
-        torch.autograd.backward(y if isinstance(y, tuple) else (y,), dys)
-        for x in inputs:          # as zero_grad(set_to_none=True): no gradient-accumulation kernels in the sum
-            x.grad = None
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
+    prof = profiled_steps(fn, inputs, dys, steps)
     return sum(e.self_device_time_total for e in prof.key_averages()) / steps / 1e3
 
 

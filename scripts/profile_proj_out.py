@@ -21,10 +21,10 @@ from triton.testing import do_bench
 from ops.proj_out import fused, naive
 
 
-def kernel_table(fn, args, dys, label: str, rows: int = 14) -> None:
-    """torch.profiler's CUDA kernels over 5 forward+backward steps of fn(*args) under bf16 autocast, after 3
-    warm-up steps. dys: the output's gradient (a tuple of them for several outputs). The inputs' .grad is reset
-    after each step, as zero_grad(set_to_none=True) does, so no accumulation kernels enter the table."""
+def profiled_steps(fn, args, dys, steps: int = 5) -> torch.profiler.profile:
+    """torch.profiler (CUDA) over `steps` forward+backward steps of fn(*args) under bf16 autocast, after 3 warm-up
+    steps. dys: the output's gradient (a tuple of them for several outputs). The inputs' .grad is reset after each
+    step, as zero_grad(set_to_none=True) does, so no gradient-accumulation kernels enter the profile."""
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ys = fn(*args)
@@ -35,9 +35,15 @@ def kernel_table(fn, args, dys, label: str, rows: int = 14) -> None:
         step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_table(fn, args, dys, label: str, rows: int = 14) -> None:
+    """Prints torch.profiler's CUDA kernel table over 5 forward+backward steps of fn(*args) (profiled_steps)."""
+    prof = profiled_steps(fn, args, dys)
     print(f"== {label}: CUDA kernels over 5 forward+backward steps")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70))
 
