@@ -13,8 +13,9 @@ timed bf16 ones; a row that runs out of memory says so. naive is the oracle: it 
 TF32) whatever its inputs, so its times and memory are those of an fp32 T×T implementation. `fused core` is
 the attention alone (from fused.FAR_MIN_T on the split form: cuDNN and the band kernels) on precomputed
 q_lat (without the W_ql and W_vu GEMMs), at the backward's automatic head grouping and, with
---heads-per-program, at others. Every row but naive's is also timed as a replayed CUDA graph (the device time
-alone). Writes bench/results/<date>-<device>-ramla.{md,json,png}.
+--heads-per-program, at others; its `no band` row runs the same kernels on plain MLA (α = None), which prices
+the reciprocal band and gives these kernels' floor beside SDPA. Every row but naive's is also timed as a
+replayed CUDA graph (the device time alone). Writes bench/results/<date>-<device>-ramla.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ MHA_LAYER = "module: GPT-2 MHA layer (SDPA)"
 # SDPA timed under torch.use_deterministic_algorithms, the like-for-like peer of the fused core's bitwise-repeatable
 # backward: SDPA's default cuDNN backward is not repeatable, and there torch takes FlashAttention-2 (on the H100)
 SDPA_DETERMINISTIC = "sdpa (GPT-2 MHA), deterministic mode"
+PLAIN_CORE = "fused core, all Triton, no band (plain MLA)"
 
 
 def ramla_inputs(B, T, device, dtype=torch.bfloat16):
@@ -97,6 +99,7 @@ def variants(B, T, device, heads_per_program=()):
     mha = [torch.randn(B, T, H, D, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
     op = lambda: fused.ramla(q, k, v, w_ql, w_vu, alpha, W)     # noqa: E731
     core = lambda: FlashRAMLA.apply(q_lat, k, v, alpha, W, L ** -0.5, fused.far_kernel(q_lat))   # noqa: E731
+    plain = lambda: FlashRAMLA.apply(q_lat, k, v, None, W, L ** -0.5, None)                      # noqa: E731
     return {
         NAIVE: (lambda: naive.ramla(q, k, v, w_ql, w_vu, alpha, W), x),
         "fused": (op, x),
@@ -105,6 +108,8 @@ def variants(B, T, device, heads_per_program=()):
         "fused, split flash": (pinned(op, "sdpa", "flash"), x),
         "fused core": (core, [q_lat, k, v, alpha]),
         "fused core, all Triton": (pinned(core, "triton"), [q_lat, k, v, alpha]),
+        # the same kernels without the reciprocal band: what the band costs, and these kernels' floor
+        PLAIN_CORE: (pinned(plain, "triton"), [q_lat, k, v]),
         "sdpa (GPT-2 MHA)": (lambda: torch.nn.functional.scaled_dot_product_attention(
             *(t.transpose(1, 2) for t in mha), is_causal=True), mha),
         SDPA_DETERMINISTIC: (lambda: torch.nn.functional.scaled_dot_product_attention(
@@ -324,7 +329,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-lens", default="2048,4096,8192")
     p.add_argument("--heads-per-program", default="",
-                   help="also time the core with these backward head groups, e.g. 1,3,12 (default: the auto choice only)")
+                   help="also time the core with these backward head groups, e.g. 1,3,12 "
+                        "(default: the auto choice only)")
     p.add_argument("--sweep", nargs="?", const=",".join(SWEEP), default="",
                    help=f"first time other tiles for these kernels (default: all of {','.join(SWEEP)}) at B, "
                         "the first T")

@@ -92,15 +92,18 @@ def far_mode(request, device, monkeypatch):
     return request.param
 
 
-def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1, op=None):
+def fused_vs_naive(B, T, H, D, L, W, alpha, device="cpu", dtype=torch.float32, q_mult=1.0, seed=1, op=None,
+                   k_ramp=0.0):
     """Relative errors of the fused output and of every gradient (q, k_lat, v_lat, w_ql, w_vu, α)
     against naive on the same inputs, rounded to `dtype`; naive runs in fp32 whatever `dtype` the fused op (or
-    `op`) gets, so the errors are the op's own, not its inputs' rounding."""
+    `op`) gets, so the errors are the op's own, not its inputs' rounding. k_ramp scales key j by
+    1 + k_ramp·j/T, so that later keys score ever higher."""
     from ops.ramla import fused
 
     op = fused.ramla if op is None else op
     inputs = [x.float().to(device) for x in make_inputs(B, T, H, D, L, seed=seed)]
     inputs[0] = inputs[0] * q_mult
+    inputs[1] = inputs[1] * (1 + k_ramp * torch.arange(T, device=device) / T)[:, None]
     inputs = [x.to(dtype).float() for x in inputs]
     do = torch.randn(B, T, H, D, generator=torch.Generator().manual_seed(seed + 1)).to(device)
     results = []
@@ -131,6 +134,19 @@ def test_fused_large_logits(device, far_mode):
     """Scores of a few hundred: the online softmax must neither overflow nor lose the gradients."""
     errs = fused_vs_naive(1, 100, 2, 8, 16, 10, 0.5, device, q_mult=30.0)
     assert all(e < 1e-4 for e in errs), errs
+
+
+def test_fused_rising_scores(device, far_mode, monkeypatch):
+    """Keys that score ever higher along the sequence, so that the forward's running max grows by several
+    units at every key block and each rescaling of the online softmax matters (with near-flat scores only the
+    first does). Small key blocks give the unmasked loop many of them. A lazy rescaling (FlashAttention-4's)
+    that skipped acc's correction passed every other test here and failed this one."""
+    monkeypatch.setattr("ops.ramla.fused.TILES", {"fwd": dict(BM=32, BN=16, num_warps=4, num_stages=2),
+                                                  "dkv": dict(BM=16, BN=32, num_warps=4, num_stages=2),
+                                                  "dq": dict(BM=32, BN=16, num_warps=4, num_stages=2)})
+    errs = fused_vs_naive(1, 200, 2, 8, 16, 10, 0.5, device, k_ramp=40.0)
+    # dα sums terms of both signs that grow with the scores: 5.4e-4 from fp32 rounding alone here
+    assert all(e < 2e-5 for e in errs[:6]) and errs[6] < 2e-3, errs
 
 
 def test_fused_band_is_used(device):
