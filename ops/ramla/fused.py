@@ -32,6 +32,12 @@ LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot'
 TILES = {"fwd": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dkv": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2)}
+# Registers per thread for the backward kernels on plain MLA (α = None): at 168 three 4-warp programs fit an SM
+# instead of two. On the H100 (bench/results/2026-11-26-h100-ramla-band-cost.md) that took the dk/dv kernel from
+# 285 to 263 µs and the dq kernel from 202 to 164 at B8 T2048 H12 L64, though each then spills 42-44 registers.
+# With the band the kernels need 255 and got far slower capped (dk/dv 361 → 677 µs at 168), so they stay uncapped.
+# None: no cap.
+PLAIN_MAXNREG: int | None = 168
 ROWS = 64                        # rows per program of the backward's δ and dk/dv-sum passes (memory-bound)
 PROGRAMS_PER_SM = 4              # backward: enough programs to even out the causal tiles' unequal work
 HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_per_program's choice
@@ -100,6 +106,8 @@ class FlashRAMLA(torch.autograd.Function):
         dk_part, dv_part = torch.empty(B, T, KS, L, **f32), torch.empty(B, T, G, L, **f32)
         dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_part
         dkv, dqt = TILES["dkv"], TILES["dq"]
+        if not ctx.band:
+            dkv, dqt = ({**t, "maxnreg": PLAIN_MAXNREG} if PLAIN_MAXNREG else t for t in (dkv, dqt))
         dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
         a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
         meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))

@@ -149,6 +149,31 @@ def test_fused_rising_scores(device, far_mode, monkeypatch):
     assert all(e < 2e-5 for e in errs[:6]) and errs[6] < 2e-3, errs
 
 
+def test_fused_register_cap_only_without_band(device, monkeypatch):
+    """PLAIN_MAXNREG reaches both backward kernels' launches on plain MLA and neither with the band, where a cap
+    measured far slower on the H100 (the results are tested above; this checks where the cap goes)."""
+    from ops.ramla import fused
+
+    seen = []
+
+    class Recording:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launch = self.kernel[grid]
+            return lambda *a, **kw: seen.append((self.kernel.__name__, kw.get("maxnreg"))) or launch(*a, **kw)
+
+    for name in ("ramla_bwd_dkv_kernel", "ramla_bwd_dq_kernel"):
+        monkeypatch.setattr(fused, name, Recording(getattr(fused, name)))
+    monkeypatch.setattr(fused, "FAR", "triton")
+    for alpha, cap in ((None, fused.PLAIN_MAXNREG), (0.5, None)):
+        seen.clear()
+        errs = fused_vs_naive(1, 70, 2, 8, 16, 3, alpha, device)
+        assert all(e < 2e-5 for e in errs), errs
+        assert seen == [("ramla_bwd_dkv_kernel", cap), ("ramla_bwd_dq_kernel", cap)], (alpha, seen)
+
+
 def test_fused_band_is_used(device):
     """The fused op with α differs from it without (so the band path above is exercised)."""
     from ops.ramla import fused
