@@ -82,8 +82,7 @@ def gemm_forms(M: int, d: int, n: int) -> list[tuple[str, float, float]]:
     checks = {"dgrad_bf16_sum": (dgrad_bf16_sum, ref_dx), "dgrad_accum_fp32": (dgrad_accum_fp32, ref_dx),
               "dgrad_cat": (dgrad_cat, ref_dx), "dgrad_cat_only_mm": (dgrad_cat_only_mm, ref_dx),
               "wgrad_one": (wgrad_one, ref_dw), "wgrad_one_fp32": (wgrad_one_fp32, ref_dw),
-              "wgrad_splitk2": (wgrad_splitk2, ref_dw)}
-    checks["triton_dgrad"] = (triton_dgrad, ref_dx)
+              "wgrad_splitk2": (wgrad_splitk2, ref_dw), "triton_dgrad": (triton_dgrad, ref_dx)}
     broken = set()
     for name, (f, ref) in checks.items():
         try:

@@ -45,6 +45,7 @@ than modelled and the wide Triton GEMM ran at ~480 TFLOP/s, hence the switch to 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -125,9 +126,7 @@ def cast_weights(ws: tuple[torch.Tensor, ...], w_up: torch.Tensor,
     bench/results/2026-11-26-h100-proj-in-forward/), no fp32 intermediate."""
     w_cat = torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], device=ws[0].device, dtype=dtype)
     wu = torch.empty(w_up.shape, device=w_up.device, dtype=dtype)
-    rows = [0]
-    for w in ws:
-        rows.append(rows[-1] + w.shape[0])
+    rows = [0, *itertools.accumulate(w.shape[0] for w in ws)]
     torch._foreach_copy_([w_cat[a:b] for a, b in zip(rows, rows[1:])] + [wu], [*ws, w_up])
     return w_cat, wu
 

@@ -105,9 +105,8 @@ class FlashRAMLA(torch.autograd.Function):
         f32 = dict(device=q.device, dtype=torch.float32)
         dk_part, dv_part = torch.empty(B, T, KS, L, **f32), torch.empty(B, T, G, L, **f32)
         dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_part
-        dkv, dqt = TILES["dkv"], TILES["dq"]
-        if not ctx.band:
-            dkv, dqt = ({**t, "maxnreg": PLAIN_MAXNREG} if PLAIN_MAXNREG else t for t in (dkv, dqt))
+        cap = {"maxnreg": PLAIN_MAXNREG} if PLAIN_MAXNREG and not ctx.band else {}
+        dkv, dqt = {**TILES["dkv"], **cap}, {**TILES["dq"], **cap}
         dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
         a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
         meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))
