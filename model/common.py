@@ -9,9 +9,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import ModelConfig, ModelConfigError
-from model.loss import linear_cross_entropy
+from ops.loss.linear_cross_entropy import linear_cross_entropy
 from ops import BackendError, fused_label, get_op, parse_fuse
-from ops.common.short_conv import short_conv_ref
+from ops.proj.short_conv import short_conv_ref
 
 
 class RMSNorm(nn.Module):
@@ -160,7 +160,7 @@ class CausalLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
         """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss. With targets
-        and return_logits=False (training), the logits are None and the loss comes from model.loss's chunked head
+        and return_logits=False (training), the logits are None and the loss comes from ops.loss.linear_cross_entropy's chunked head
         and cross-entropy, which never holds the whole [B, T, vocab] logits (the same math)."""
         x = self.embed(idx)                                              # [B, T, d]
         if self.pos_embed is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from utils.errors import UserError
-from ops.common.interpreter import backport_scalar_index
+from ops.interpreter import backport_scalar_index
 
 # Registered by name, not discovered: an op folder also holds kernel modules (kernels.py, far.py, ...).
 # tests/ops/test_registry.py fails on a module that implements an op but is missing here.

@@ -48,8 +48,8 @@ def held_bytes(fn, args) -> int:
 
 
 def run_shape(name: str, sizes: list[int]) -> list[dict]:
-    from ops.common.chunk_h import chunk_fwd_h_from
-    from ops.common.cumsum import chunk_cumsum
+    from ops.chunkwise.state import chunk_fwd_h_from
+    from ops.chunkwise.cumsum import chunk_cumsum
     from ops.gla.fla import gla as fla_gla
     from ops.gla.fused import fused_chunk_gla, sub_block
     from ops.gla.naive import gla as naive_gla

@@ -17,9 +17,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from eval.equivalence import rel  # noqa: E402
-from ops.common.chunk_intra import chunk_intra_fwd, chunk_intra_fwd_ref  # noqa: E402
-from ops.common.cumsum import chunk_cumsum  # noqa: E402
-from ops.common.fused_intra import fused_intra_fwd  # noqa: E402
+from ops.chunkwise.intra import chunk_intra_fwd, chunk_intra_fwd_ref  # noqa: E402
+from ops.chunkwise.cumsum import chunk_cumsum  # noqa: E402
+from ops.gla.fused_intra import fused_intra_fwd  # noqa: E402
 
 
 def main() -> None:

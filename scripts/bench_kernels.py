@@ -196,7 +196,7 @@ def plan_floor_ms(case: Case, backend: str) -> tuple[float, float | None] | None
     plan, forward and forward+backward, where it has them: chunk and fused for GLA (the fused forward:
     the scan at the tiles the model picks for it, or chunk's where the model says the scan does not
     pay, as ops.gla.fused does), chunk's forward for SSD (B, C expanded per head, as ops/ssd/chunk.py does)."""
-    from ops.common.movement import H100, Shape, choose, chunk_bwd_plan, chunk_plan, fused_bwd_plan, scan_pays
+    from ops.gla.movement import H100, Shape, choose, chunk_bwd_plan, chunk_plan, fused_bwd_plan, scan_pays
 
     d = case.dims
     if case.op == "gla" and backend in ("chunk", "fused"):
@@ -227,12 +227,12 @@ def enable_fla_backward_timing() -> str | None:
     """fla 0.6 refuses its gated backward on Hopper with Triton < 3.7.1 (fla #640); lift the
     refusal for timing only, as ../shared/GPU.md prescribes. Returns a note for the table."""
     try:
-        import fla.ops.common.chunk_o as chunk_o
+        import fla.ops.chunkwise.output as chunk_o
     except ImportError:
         return None
     if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
         chunk_o.TRITON_ABOVE_3_7_1 = True
-        return ("fla's backward ran with fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 forced to True "
+        return ("fla's backward ran with fla.ops.chunkwise.output.TRITON_ABOVE_3_7_1 forced to True "
                 "(Triton < 3.7.1 on Hopper, fla #640); its fwd+bwd numbers are timing-only, though each "
                 "was still checked against naive above.")
     return None

@@ -22,9 +22,10 @@ if __package__ in (None, ""):
 import torch
 import triton
 
-from ops.common.chunk_h import _sm_count, chunk_bwd_dh, chunk_fwd_h, segment_plan, split_segments
-from ops.common.cumsum import chunk_cumsum
-from ops.common.tiles import tile
+from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, segment_plan, split_segments
+from ops.triton_utils import sm_count
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.triton_utils import tile
 
 C = 64
 # name: (B, T, H, K, V, scalar decay); Mamba-2's states are N × P with P = 64 and one decay per head
@@ -177,7 +178,7 @@ def main(argv=None):
         import fla
         fla_version = fla.__version__
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "fla": fla_version, "sms": _sm_count(device), "date": datetime.date.today().isoformat()}
+           "fla": fla_version, "sms": sm_count(device), "date": datetime.date.today().isoformat()}
     command = "python scripts/bench_state.py " + " ".join(argv if argv is not None else sys.argv[1:])
     stem = args.out / f"{env['date']}-{env['device'].replace(' ', '_')}-state"
     stem.parent.mkdir(parents=True, exist_ok=True)

@@ -68,7 +68,7 @@ def force_fla_backward() -> str | None:
     """fla 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640; ../shared/GPU.md): force it
     on so that fla's training step can be timed there, and say that its numbers are timing-only."""
     try:
-        import fla.ops.common.chunk_o as chunk_o
+        import fla.ops.chunkwise.output as chunk_o
     except ImportError:
         return None
     if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) or not getattr(chunk_o, "IS_NVIDIA_HOPPER", False):

@@ -56,10 +56,10 @@ def capture(config: str, backend: str) -> list[dict]:
 
     from config import load_config
     from model import build_model
-    import ops.common.fused_scan as fused_scan
+    import ops.gla.scan as fused_scan
     import ops.gla.fused as gla_fused
     import ops.proj_in.fused as proj_in_fused
-    from ops.common import movement
+    from ops.gla import movement
 
     # plan for the A100 at the training shape, whatever shape this small step has
     fused_scan.device_model = gla_fused.device_model = lambda device: "A100"

@@ -19,14 +19,14 @@ if __package__ in (None, ""):
 
 import torch
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
-from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
-from ops.common.chunk_o import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
+from ops.chunkwise.state import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
+from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
+from ops.chunkwise.output import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref)
-from ops.common.cumsum import chunk_cumsum
-from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
-from ops.common.fused_scan import fused_scan_fwd
-from ops.common.fused_scan_bwd import fused_scan_bwd
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.gla.sub_block_bwd import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
+from ops.gla.scan import fused_scan_fwd
+from ops.gla.scan_bwd import fused_scan_bwd
 
 C = 64
 

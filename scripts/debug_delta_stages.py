@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from ops.common.chunk_intra import chunk_intra_bwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
-from ops.common.cumsum import chunk_cumsum
-from ops.common.delta_h import delta_h_bwd, delta_h_fwd
-from ops.common.wy import wy_bwd, wy_fwd, wy_fwd_ref
+from ops.chunkwise.intra import chunk_intra_bwd
+from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.gated_delta.delta_state import delta_h_bwd, delta_h_fwd
+from ops.gated_delta.wy import wy_bwd, wy_fwd, wy_fwd_ref
 
 C = 64
 
@@ -94,7 +94,7 @@ def stages(B, T, H, K, V, old_wy=None) -> dict:
 
 def fla_stages(q, k, v, g, beta, s) -> dict:
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
-    from fla.ops.common.chunk_o import chunk_fwd_o as fla_o
+    from fla.ops.chunkwise.output import chunk_fwd_o as fla_o
     from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
     from fla.ops.utils import chunk_local_cumsum
     from fla.ops.utils.constant import RCP_LN2

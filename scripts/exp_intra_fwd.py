@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _load_rows, _load_rows_t, chunk_intra_fwd, chunk_intra_fwd_ref
-from ops.common.cumsum import chunk_cumsum
-from ops.common.tiles import dot_precision, tile
+from ops.chunkwise.intra import chunk_intra_fwd, chunk_intra_fwd_ref
+from ops.triton_utils import load_rows, load_rows_t
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.triton_utils import dot_precision, tile
 
 
 @triton.jit
@@ -52,11 +53,11 @@ def intra_fwd_rows_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr
         for i_k in range(tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-            b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+            b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
             b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-            b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
-            b_bjt = _load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+            b_kt = load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+            b_bjt = load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
             b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
             b_A += tl.dot(b_qg, b_kt * tl.exp(b_br[:, None] - b_bjt), input_precision=PREC)
         tl.store(p_A + i_j * BC, (b_A * scale).to(A.dtype.element_ty), mask=m_i[:, None])
@@ -65,9 +66,9 @@ def intra_fwd_rows_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr
     for i_k in range(tl.cdiv(K, BKD)):
         o_k = i_k * BKD + tl.arange(0, BKD)
         m_k = o_k < K
-        b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-        b_k = _load_rows(k, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-        b_b = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+        b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+        b_k = load_rows(k, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+        b_b = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
         e = tl.exp(tl.where(causal, b_b[:, None, :] - b_b[None, :, :], float("-inf")))     # [BC, BC, BKD]
         b_A += tl.sum(b_q[:, None, :] * b_k[None, :, :] * e, axis=2)
     tl.store(p_A + i_i * BC, (b_A * scale).to(A.dtype.element_ty), mask=m_i[:, None])

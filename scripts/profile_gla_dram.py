@@ -73,7 +73,7 @@ def measure(backend: str, shape: str, phase: str) -> dict:
 
 def model_mb(backend: str, shape: str, phase: str) -> float:
     """The data-movement model's bytes for what the op runs there (ops/common/movement.py)."""
-    from ops.common.movement import (Shape, chunk_bwd_plan, chunk_plan, fused_bwd_plan, fused_plan, kernel_tiles,
+    from ops.gla.movement import (Shape, chunk_bwd_plan, chunk_plan, fused_bwd_plan, fused_plan, kernel_tiles,
                                      scan_pays, H100)
 
     B, T, H, K, V = SHAPES[shape]

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ops.common.chunk_o import chunk_bwd_dqkb  # noqa: E402
-from ops.common.delta_h import delta_h_bwd  # noqa: E402
+from ops.chunkwise.output import chunk_bwd_dqkb  # noqa: E402
+from ops.gated_delta.delta_state import delta_h_bwd  # noqa: E402
 from ops.gated_delta import chunk as gdc  # noqa: E402
 from scripts.debug_gdn_determinism import BACKWARD_STAGES, trace_stages  # noqa: E402
 from scripts.stress_dqkb import noise_gemm, same_bits  # noqa: E402

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ops.common.chunk_o import chunk_bwd_dqkb  # noqa: E402
-from ops.common.cumsum import chunk_cumsum  # noqa: E402
+from ops.chunkwise.output import chunk_bwd_dqkb  # noqa: E402
+from ops.chunkwise.cumsum import chunk_cumsum  # noqa: E402
 
 # name: B, T, H, K, V, scalar decay
 SHAPES = {"gdn_125m": (4, 2048, 6, 128, 128, True), "gdn_340m": (4, 2048, 8, 128, 128, True),

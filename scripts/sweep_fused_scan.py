@@ -19,13 +19,13 @@ if __package__ in (None, ""):
 import torch
 from triton.testing import do_bench
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o
-from ops.common.cumsum import chunk_cumsum
-from ops.common.fused_scan import fused_scan_fwd
-from ops.common.movement import kernel_tiles
-from ops.common.fused_scan_bwd import fused_scan_bwd
+from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h
+from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
+from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.gla.scan import fused_scan_fwd
+from ops.gla.movement import kernel_tiles
+from ops.gla.scan_bwd import fused_scan_bwd
 
 # the seeds' MVE; issue [F]'s "GLA-340M layer"; configs/gla_340m.yaml's own layer (K = 128, V = 256)
 SHAPES = {"mve": (16, 2048, 12, 64, 64), "gla340m_layer": (8, 2048, 4, 256, 512),

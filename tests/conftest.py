@@ -53,7 +53,7 @@ def poison_empty(monkeypatch):
 def short_segments(monkeypatch):
     """The split state scan at test lengths: segments of 4 chunks, so T = 600 (ten chunks of 64) splits
     in two (the production minimum, 32 chunks, needs T ≥ 4096, too slow for the interpreter)."""
-    monkeypatch.setattr("ops.common.chunk_h.MIN_SEGMENT_CHUNKS", 4)
+    monkeypatch.setattr("ops.chunkwise.state.MIN_SEGMENT_CHUNKS", 4)
 
 
 @pytest.fixture

@@ -56,6 +56,6 @@ def test_pyproject_names_the_packages_to_install():
     found = find_namespace_packages(str(REPO), **st["packages"]["find"])
     tops = {p.split(".")[0] for p in found}
     assert tops == {"ops", "model", "data", "eval", "utils"}
-    assert {"ops.gla", "ops.common", "ops.attention"} <= set(found) and not any("csrc" in p for p in found)
+    assert {"ops.gla", "ops.chunkwise", "ops.attention"} <= set(found) and not any("csrc" in p for p in found)
     code = {str(p.parent.relative_to(REPO)).replace("/", ".") for t in tops for p in (REPO / t).rglob("*.py")}
     assert code <= set(found), code - set(found)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk import CHUNK_SIZES, check_inputs, check_triton_device
-from ops.common.chunk_intra import chunk_intra_bwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
-from ops.common.cumsum import chunk_cumsum
-from ops.common.delta_h import delta_h_bwd, delta_h_fwd
-from ops.common.wy import wy_bwd, wy_fwd
+from ops.chunkwise.decay_attention import CHUNK_SIZES, check_inputs
+from ops.triton_utils import check_triton_device
+from ops.chunkwise.intra import chunk_intra_bwd
+from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.gated_delta.delta_state import delta_h_bwd, delta_h_fwd
+from ops.gated_delta.wy import wy_bwd, wy_fwd
 
 
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ops.common.chunk import check_triton_device
+from ops.triton_utils import check_triton_device
 from ops.gated_delta.chunk import gated_delta
 
 COMPONENTS: tuple[str, ...] = ()

@@ -43,7 +43,7 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     return o.to(v.dtype), (S if output_final_state else None)
 
 
-def _chunk_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: int = CHUNK_SIZE):
+def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: int = CHUNK_SIZE):
     B, T, H, K = q.shape
     V, C = v.shape[-1], chunk_size
     scale = K ** -0.5 if scale is None else scale
@@ -88,5 +88,5 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     Returns o [B, T, H, V] in v's dtype and, if asked, the final state [B, H, K, V] in fp32.
     """
     with torch.autocast(q.device.type, enabled=False):
-        o, S = _chunk_gated_delta(q, k, v, g, beta, scale, initial_state)
+        o, S = chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state)
     return o.to(v.dtype), (S if output_final_state else None)

@@ -18,15 +18,15 @@ from collections.abc import Callable
 
 import torch
 
-from ops.common.chunk import check_triton_device
-from ops.common.chunk import (check_inputs, chunk_decay_attention, input_grads, state_segments, states_backward,
+from ops.triton_utils import check_triton_device
+from ops.chunkwise.decay_attention import (check_inputs, chunk_decay_attention, input_grads, state_segments, states_backward,
                               states_forward)
-from ops.common.chunk_h import chunk_fwd_h_from
-from ops.common.chunk_o import chunk_fwd_o
-from ops.common.fused_intra import fused_intra_fwd
-from ops.common.fused_scan import MAX_RANGE, fused_scan_fwd
-from ops.common.fused_scan_bwd import fused_scan_bwd
-from ops.common.movement import device_model, scan_pays
+from ops.chunkwise.state import chunk_fwd_h_from
+from ops.chunkwise.output import chunk_fwd_o
+from ops.gla.fused_intra import fused_intra_fwd
+from ops.gla.scan import MAX_RANGE, fused_scan_fwd
+from ops.gla.scan_bwd import fused_scan_bwd
+from ops.gla.movement import device_model, scan_pays
 from ops.gla import chunk
 
 COMPONENTS = ("chunk", "state")

@@ -75,7 +75,7 @@ def _intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, sub: 
     return A.transpose(-3, -2).reshape(*A.shape[:-4], C, C)                     # [..., C, C]
 
 
-def _chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
+def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
                scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
                chunk_size: int = CHUNK_SIZE, sub_chunk: int = SUB_CHUNK):
     B, T, H, K = q.shape
@@ -118,5 +118,5 @@ def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     state [B, H, K, V] in fp32.
     """
     with torch.autocast(q.device.type, enabled=False):  # the oracle stays fp32 inside bf16 training
-        o, S = _chunk_gla(q, k, v, gk, scale, initial_state, output_final_state)
+        o, S = chunkwise_gla(q, k, v, gk, scale, initial_state, output_final_state)
     return o.to(v.dtype), (S if output_final_state else None)

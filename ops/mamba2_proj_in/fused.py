@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops.common.chunk import check_triton_device
-from ops.common.short_conv import short_conv
+from ops.triton_utils import check_triton_device
+from ops.proj.short_conv import short_conv
 
 COMPONENTS = ("proj",)
 

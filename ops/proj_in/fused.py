@@ -52,9 +52,9 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ops.common.chunk import check_triton_device
-from ops.common.gemm import INTERPRET_TILES, launch_gemm
-from ops.common.tiles import dot_precision
+from ops.triton_utils import check_triton_device
+from ops.proj.gemm import INTERPRET_TILES, launch_gemm
+from ops.triton_utils import dot_precision
 from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
 
 COMPONENTS = ("proj",)
@@ -89,7 +89,7 @@ PROLOGUE = dict(BR=64, BK=64, BN=128, num_warps=8, num_stages=3)
 GK_BWD = dict(BR=64, BN=128, num_warps=4, num_stages=3)
 GK_BWD_PROGRAMS = 264                            # ≈ 2 per SM on an H100
 MAX_RANK = 64                                    # low [BR, L] and dlow stay in registers: L ≤ 64
-# Under TRITON_INTERPRET=1 (CPU tests): small tiles (the GEMMs' are ops.common.gemm.INTERPRET_TILES).
+# Under TRITON_INTERPRET=1 (CPU tests): small tiles (the GEMMs' are ops.proj.gemm.INTERPRET_TILES).
 INTERPRET_GK = dict(BR=16, BK=16, BN=16)
 
 

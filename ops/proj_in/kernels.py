@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.common.gemm import dot_desc, dot_rows, grouped_tile, tile_of
+from ops.proj.gemm import dot_desc, dot_rows, grouped_tile, tile_of
 
 
 @triton.jit

@@ -38,9 +38,9 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.common.chunk import check_triton_device
-from ops.common.gemm import launch_gemm
-from ops.common.tiles import dot_precision
+from ops.triton_utils import check_triton_device
+from ops.proj.gemm import launch_gemm
+from ops.triton_utils import dot_precision
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
 
 COMPONENTS = ("proj",)
@@ -62,7 +62,7 @@ GEMM_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8), num_warps=nw, 
 # SM) still filling the H100. At V ≤ 256 (GLA) BWD_LOOP already gives ≥ 64 rows: unchanged there.
 TILE_ELEMS, TILE_WARPS, BWD_LOOP, BWD_MIN_ROWS = 4096, 8, 4, 32
 # Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that test sizes give several programs, ragged
-# edges and (BWD_LOOP) partial row blocks inside a program (the GEMM's: ops.common.gemm.INTERPRET_TILES).
+# edges and (BWD_LOOP) partial row blocks inside a program (the GEMM's: ops.proj.gemm.INTERPRET_TILES).
 INTERPRET_TILE_ELEMS, INTERPRET_BWD_LOOP = 64, 2
 
 

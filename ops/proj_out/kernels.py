@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ops.common.gemm import dot_rows, grouped_tile
+from ops.proj.gemm import dot_rows, grouped_tile
 
 
 @triton.jit

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.common.chunk import check_triton_device
-from ops.common.chunk_h import _sm_count
-from ops.common.tiles import dot_precision
+from ops.triton_utils import check_triton_device
+from ops.triton_utils import sm_count
+from ops.triton_utils import dot_precision
 from ops.ramla import far
 from ops.ramla.bwd_passes import ramla_bwd_delta_kernel, ramla_bwd_reduce_kernel
 from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
@@ -155,7 +155,7 @@ def heads_per_program(B: int, T: int, H: int, device: torch.device) -> int:
             raise ValueError(f"ramla: HEADS_PER_PROGRAM={HEADS_PER_PROGRAM} does not divide H={H}")
         return HEADS_PER_PROGRAM
     blocks = B * triton.cdiv(T, TILES["dkv"]["BN"])
-    fits = [hp for hp in range(1, H + 1) if H % hp == 0 and blocks * (H // hp) >= PROGRAMS_PER_SM * _sm_count(device)]
+    fits = [hp for hp in range(1, H + 1) if H % hp == 0 and blocks * (H // hp) >= PROGRAMS_PER_SM * sm_count(device)]
     return max(fits, default=1)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk import check_triton_device, chunk_decay_attention
+from ops.chunkwise.decay_attention import chunk_decay_attention
+from ops.triton_utils import check_triton_device
 
 
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)

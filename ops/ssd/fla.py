@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ops import require_fla
-from ops.ssd.naive import _expand_groups
+from ops.ssd.naive import expand_groups
 
 
 check_available = require_fla       # ops.get_op calls it with (op, backend)
@@ -19,6 +19,6 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
 
     H = x.shape[2]
     v = (x * dt.unsqueeze(-1)).to(x.dtype)
-    q, k = _expand_groups(C, H).to(x.dtype), _expand_groups(B, H).to(x.dtype)
+    q, k = expand_groups(C, H).to(x.dtype), expand_groups(B, H).to(x.dtype)
     return chunk_simple_gla(q, k, v, g=(dt.float() * A.float()), scale=1.0, initial_state=initial_state,
                             output_final_state=output_final_state)

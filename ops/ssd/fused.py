@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ops.common.chunk import check_triton_device
+from ops.triton_utils import check_triton_device
 from ops.ssd import chunk
 
 COMPONENTS = ("state",)

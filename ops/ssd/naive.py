@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ops.gla.naive import _chunk_gla
+from ops.gla.naive import chunkwise_gla
 
 
-def _expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
+def expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
     """[B, T, G, N] → [B, T, H, N]: head h uses group h // (H / G)."""
     G = t.shape[2]
     if H % G:
@@ -30,7 +30,7 @@ def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
     Bsz, T, H, P = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x, dt, A = x.to(acc), dt.to(acc), A.to(acc)
-    Bm, Cm = (_expand_groups(t, H).to(acc) for t in (B, C))                         # [B, T, H, N]
+    Bm, Cm = (expand_groups(t, H).to(acc) for t in (B, C))                         # [B, T, H, N]
     h = x.new_zeros(Bsz, H, Bm.shape[-1], P) if initial_state is None else initial_state.to(acc)
     y = []
     for t in range(T):
@@ -51,5 +51,5 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         v = x.to(acc) * dt.to(acc).unsqueeze(-1)                                       # [B, T, H, P]
         gk = (dt.to(acc) * A.to(acc)).unsqueeze(-1)                                    # [B, T, H, 1]
-        y, h = _chunk_gla(_expand_groups(C, H), _expand_groups(B, H), v, gk, 1.0, initial_state, True)
+        y, h = chunkwise_gla(expand_groups(C, H), expand_groups(B, H), v, gk, 1.0, initial_state, True)
     return y.to(x.dtype), (h if output_final_state else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common.cross_entropy import ce_rows
+from ops.loss.cross_entropy import ce_rows
 from tests.helpers import rel_err
 
 

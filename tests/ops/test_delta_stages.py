@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ops.common.chunk_intra import chunk_intra_fwd_ref
-from ops.common.cumsum import chunk_cumsum
-from ops.common.delta_h import delta_h_bwd, delta_h_bwd_ref, delta_h_fwd, delta_h_fwd_ref
-from ops.common.wy import wy_bwd, wy_bwd_ref, wy_fwd, wy_fwd_ref
+from ops.chunkwise.intra import chunk_intra_fwd_ref
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.gated_delta.delta_state import delta_h_bwd, delta_h_bwd_ref, delta_h_fwd, delta_h_fwd_ref
+from ops.gated_delta.wy import wy_bwd, wy_bwd_ref, wy_fwd, wy_fwd_ref
 from tests.helpers import grads_close
 
 # DESIGN §6's fp32 bound (1e-5): the WY backward goes through (I + L)⁻¹ twice, and its fp32 rounding,

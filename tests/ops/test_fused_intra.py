@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common.chunk_intra import chunk_intra_fwd, chunk_intra_fwd_ref
-from ops.common.cumsum import chunk_cumsum_ref
-from ops.common.fused_intra import fused_intra_fwd
-from ops.common.fused_scan import MAX_RANGE
+from ops.chunkwise.intra import chunk_intra_fwd, chunk_intra_fwd_ref
+from ops.chunkwise.cumsum import chunk_cumsum_ref
+from ops.gla.fused_intra import fused_intra_fwd
+from ops.gla.scan import MAX_RANGE
 from tests.helpers import rel_err
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common import fused_scan
+from ops.gla import scan as fused_scan
 from ops.gla.fused import fused_chunk_gla
 from ops.gla.naive import gla_recurrent
 from tests.helpers import rel_err
@@ -75,7 +75,7 @@ def test_exact_path_at_extreme_decays(device, poison_empty):
 def test_split_states_mode(device, poison_empty, short_segments):
     """With the `state` component at a split length the forward is chunk's stages after the split scan
     (ops.gla.fused.scan_forward), and the backward the fused one."""
-    from ops.common.chunk_h import split_segments
+    from ops.chunkwise.state import split_segments
 
     assert split_segments(1, 1, 8, 6, 600, 64, torch.device(device)) == 2
     inputs = switching_inputs(device, B=1, T=600, H=1, K=8, V=6, chunk=64)
@@ -96,7 +96,7 @@ def test_chunks_of_256_keep_every_fourth_state(forward, inputs, device, poison_e
     backward (ops.gla.fused.SUB_BLOCK). T = 600 ends in a ragged interval; tame sub-blocks alternate with
     wild ones, or all are wild (`mixed`: half the key dims at −50 per step, half barely decaying, so the
     kept states still carry), so both paths run inside one interval, forward and every gradient."""
-    from ops.common import chunk_h
+    from ops.chunkwise import state as chunk_h
 
     monkeypatch.setattr("ops.gla.fused.scan_pays", lambda *a: forward == "scan")
     kept = []
@@ -115,7 +115,7 @@ def test_chunks_of_256_keep_every_fourth_state(forward, inputs, device, poison_e
 def test_chunks_of_256_with_the_split_state(device, poison_empty, short_segments):
     """The `state` component splits the sub-blocks' scan (two segments of five 64-row chunks at T = 600)
     under 256-row state intervals."""
-    from ops.common.chunk_h import split_segments
+    from ops.chunkwise.state import split_segments
 
     assert split_segments(1, 1, 8, 6, 600, 64, torch.device(device)) == 2
     assert_matches_recurrence(op(256, split_state=True), switching_inputs(device, B=1, T=600, H=1, K=8, V=6,
@@ -124,7 +124,7 @@ def test_chunks_of_256_with_the_split_state(device, poison_empty, short_segments
 
 def test_the_model_decides_the_forward():
     """The scan at the MVE shape and the gla_340m layer; chunk's forward at K = 256 and for one long sequence."""
-    from ops.common.movement import scan_pays
+    from ops.gla.movement import scan_pays
 
     assert scan_pays(16, 2048, 12, 64, 64, 64, 2) and scan_pays(8, 2048, 4, 128, 256, 64, 2)
     assert not scan_pays(8, 2048, 4, 256, 512, 64, 2) and not scan_pays(1, 32768, 4, 128, 128, 64, 2)
@@ -181,7 +181,7 @@ def test_every_candidate_launch_on_the_gpu(K, V, BV, warps, save):
 
 def test_narrow_v_tiles_refused_on_a_gpu(monkeypatch):
     """BV below MIN_BV would miscompile on Hopper: a launch override asking for it is an error there."""
-    from ops.common.movement import MIN_BV
+    from ops.gla.movement import MIN_BV
 
     x = torch.zeros(1, 4, 1, 16)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))

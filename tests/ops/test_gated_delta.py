@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ops.gated_delta.naive import _chunk_gated_delta, gated_delta, gated_delta_recurrent
+from ops.gated_delta.naive import chunkwise_gated_delta, gated_delta, gated_delta_recurrent
 from tests.helpers import backends_under_test, grads_close, rel_err
 
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 2, 4)]
@@ -49,7 +49,7 @@ def test_chunk_matches_recurrence_fwd_bwd(shape, gate, betas):
 def test_chunk_sizes(chunk_size):
     q, k, v, g, beta, h0 = make_inputs(2, 150, 2, 8, 12, "realistic", "mid")
     o1, s1 = gated_delta_recurrent(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-    o2, s2 = _chunk_gated_delta(q, k, v, g, beta, None, h0, chunk_size=chunk_size)
+    o2, s2 = chunkwise_gated_delta(q, k, v, g, beta, None, h0, chunk_size=chunk_size)
     assert rel_err(o2, o1) < 1e-10 and rel_err(s2, s1) < 1e-10
 
 
@@ -73,7 +73,7 @@ def test_beta_one_and_no_decay_is_the_delta_rule_overwrite():
 
 def test_gradcheck_tiny():
     xs = [x.requires_grad_() for x in make_inputs(1, 6, 1, 3, 2, "realistic", "mid")]
-    f = lambda *a: _chunk_gated_delta(*a[:5], None, a[5], chunk_size=4)  # noqa: E731
+    f = lambda *a: chunkwise_gated_delta(*a[:5], None, a[5], chunk_size=4)  # noqa: E731
     assert torch.autograd.gradcheck(f, tuple(xs))
 
 

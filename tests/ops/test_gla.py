@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ops import get_op
-from ops.gla.naive import _chunk_gla, gla, gla_recurrent
+from ops.gla.naive import chunkwise_gla, gla, gla_recurrent
 from tests.helpers import backends_under_test, grads_close, rel_err
 
 # (B, T, H, K, V): T not a multiple of C, T < C, T = 1, B = H = 1, K ≠ V, K = 1
@@ -52,7 +52,7 @@ def test_chunk_matches_recurrence_fwd_bwd(shape, decay, scalar):
 def test_chunk_sizes(chunk_size):
     q, k, v, gk, h0 = make_inputs(2, 150, 2, 8, 12, "realistic")
     o1, s1 = gla_recurrent(q, k, v, gk, initial_state=h0, output_final_state=True)
-    o2, s2 = _chunk_gla(q, k, v, gk, None, h0, True, chunk_size=chunk_size)
+    o2, s2 = chunkwise_gla(q, k, v, gk, None, h0, True, chunk_size=chunk_size)
     assert rel_err(o2, o1) < 1e-10 and rel_err(s2, s1) < 1e-10
 
 
@@ -86,7 +86,7 @@ def test_autocast_keeps_the_oracle_in_fp32():
 
 def test_gradcheck_tiny():
     q, k, v, gk, h0 = (x.requires_grad_() for x in make_inputs(1, 6, 1, 3, 2, "realistic"))
-    f = lambda *xs: _chunk_gla(*xs[:4], None, xs[4], True, chunk_size=4, sub_chunk=2)  # noqa: E731
+    f = lambda *xs: chunkwise_gla(*xs[:4], None, xs[4], True, chunk_size=4, sub_chunk=2)  # noqa: E731
     assert torch.autograd.gradcheck(f, (q, k, v, gk, h0))
 
 
@@ -103,7 +103,7 @@ def fp32_bound(decay: str, gk: torch.Tensor, chunk_size: int = 64) -> float:
     ulp(b) = 1.2e-4 (steps down to −5 over C = 256: |b| ~ 600)."""
     if decay != "mixed" and chunk_size <= 128:
         return 1e-5
-    from ops.common.cumsum import chunk_cumsum_ref
+    from ops.chunkwise.cumsum import chunk_cumsum_ref
 
     return 1e-5 + 4 * 2.0 ** -23 * chunk_cumsum_ref(gk.double().cpu(), chunk_size).abs().max().item()
 
@@ -163,7 +163,7 @@ def magnitudes(inputs: list[torch.Tensor], do: torch.Tensor, ds: torch.Tensor):
 def test_triton_chunk_sizes(backend, chunk_size, decay, device, poison_empty):
     """Every chunk size each backend offers, with random output gradients (an all-ones gradient cannot tell a
     row or tile read from the wrong place) and unwritten outputs poisoned."""
-    from ops.common.chunk import chunk_decay_attention
+    from ops.chunkwise.decay_attention import chunk_decay_attention
     from ops.gla.fused import fused_chunk_gla, sub_block
 
     run = chunk_decay_attention if backend == "chunk" else fused_chunk_gla
@@ -176,7 +176,7 @@ def test_triton_chunk_sizes(backend, chunk_size, decay, device, poison_empty):
 
 @pytest.mark.parametrize("backend,chunk_size", [("chunk", 256), ("fused", 512), ("fused", 48)])
 def test_unsupported_chunk_sizes_are_refused(backend, chunk_size):
-    from ops.common.chunk import chunk_decay_attention
+    from ops.chunkwise.decay_attention import chunk_decay_attention
     from ops.gla.fused import fused_chunk_gla
 
     x = torch.zeros(1, 4, 1, 4)
@@ -191,7 +191,7 @@ def test_fused_state_split_matches_recurrence(fuse, decay, device, poison_empty,
     """The `state` component with and without `chunk`, at T = 600: ten chunks, split into two segments
     (asserted; short_segments), so the carry between segments is exercised, forward and every gradient."""
     from ops import parse_fuse
-    from ops.common.chunk_h import split_segments
+    from ops.chunkwise.state import split_segments
 
     assert split_segments(1, 1, 8, 6, 600, 64, torch.device(device)) == 2
     inputs = [x.float().to(device) for x in make_inputs(1, 600, 1, 8, 6, decay)]
@@ -278,8 +278,8 @@ def test_fused_bf16_decays_at_and_past_the_fast_path_limit(shape):
     chunks of one sequence cycle through totals of 5, 40, 60, 63 (factorised, near the limit) and 90, 500
     (exact), at ragged T, in bf16, through the scan forward and through chunk's parallel stages. ∂gk sums two
     terms that cancel more as the decay grows: it is held to 1.5× chunk's error on the same inputs, or 5e-3."""
-    from ops.common.chunk import state_segments
-    from ops.common.fused_scan import MAX_RANGE
+    from ops.chunkwise.decay_attention import state_segments
+    from ops.gla.scan import MAX_RANGE
     from ops.gla.fused import scan_forward
 
     B, T, H, K, V = shape
@@ -304,7 +304,7 @@ def test_fused_bf16_split_state_scan(fuse):
     """[G]'s split state scan against naive where it splits on the GPU (B1 H4 K=V=128, T = 8192: 16 state tiles
     for 132 SMs, 4 segments), with the initial and final states, every gradient, in bf16."""
     from ops import parse_fuse
-    from ops.common.chunk import state_segments
+    from ops.chunkwise.decay_attention import state_segments
 
     shape = (1, 8192, 4, 128, 128)
     x = torch.empty(*shape[:4], device="cuda", dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ops.common.interpreter import backport_scalar_index
+from ops.interpreter import backport_scalar_index
 
 triton = pytest.importorskip("triton")
 interpreter = pytest.importorskip("triton.runtime.interpreter")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.common.movement import H100, MIN_BV, Shape, Tiles, choose, chunk_plan, fused_plan, kernel_tiles
+from ops.gla.movement import H100, MIN_BV, Shape, Tiles, choose, chunk_plan, fused_plan, kernel_tiles
 
 
 def test_chunk_bytes_by_hand():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from model.common import ShortConv
-from ops.common.short_conv import short_conv, short_conv_ref
+from ops.proj.short_conv import short_conv, short_conv_ref
 from tests.helpers import rel_err
 
 

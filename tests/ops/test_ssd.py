@@ -58,11 +58,11 @@ def cancellation_floors(inputs, dy, dh) -> dict[str, float]:
     head), which cancel where decays are strong; fp32 leaves ~64·2⁻²⁴·(‖q⊙dq‖ + ‖k⊙dk‖) in ∂g,
     times |A| in ∂dt and summed against dt over (batch, time) in ∂A. Computed in fp64."""
     from ops.gla.naive import gla_recurrent
-    from ops.ssd.naive import _expand_groups
+    from ops.ssd.naive import expand_groups
 
     x, dt, A, Bm, Cm, h0 = (t.detach().double().cpu() for t in inputs)
     H = x.shape[2]
-    q, k = (_expand_groups(t, H).clone().requires_grad_() for t in (Cm, Bm))
+    q, k = (expand_groups(t, H).clone().requires_grad_() for t in (Cm, Bm))
     o, s = gla_recurrent(q, k, x * dt[..., None], (dt * A)[..., None], 1.0, h0, True)
     ((o * dy.double().cpu()).sum() + (s * dh.double().cpu()).sum()).backward()
     e = 64 * 2.0 ** -24 * ((q * q.grad).norm() + (k * k.grad).norm()).item()
@@ -79,7 +79,7 @@ def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_e
     from ops import get_op
 
     if backend == "fused" and shape[1] == 600:
-        from ops.common.chunk_h import split_segments
+        from ops.chunkwise.state import split_segments
         assert split_segments(shape[0], shape[2], shape[5], shape[3], 600, 64, torch.device(device)) == 2
     seed = torch.seed() % 2**31                                  # fresh inputs, named in a failure's message
     inputs = [t.float().to(device) for t in make_inputs(*shape, dts, seed=seed)]
@@ -176,7 +176,7 @@ def test_triton_backend_bf16_dA_no_worse_than_fla(monkeypatch):
     shows there most. Measured on the H100 (2026-11-22, before h0 joined): ours 6.0e-3, fla's chunk_simple_gla 7.1e-3 on
     these inputs, both over DESIGN's 5e-3 while every other gradient is within 3.4e-3. The bound is
     therefore the peer's own error on the same inputs: the same decomposition must not lose more."""
-    import fla.ops.common.chunk_o as fla_chunk_o
+    import fla.ops.chunkwise.output as fla_chunk_o
 
     # fla refuses its backward on Hopper with Triton < 3.7.1 (GPU.md); lifted for this comparison only
     monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", True)

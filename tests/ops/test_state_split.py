@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common.chunk_h import (chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_from, chunk_fwd_h_ref,
+from ops.chunkwise.state import (chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_from, chunk_fwd_h_ref,
                                 split_segments)
-from ops.common.cumsum import chunk_cumsum
+from ops.chunkwise.cumsum import chunk_cumsum
 from tests.helpers import rel_err
 
 GATES = {"none": lambda s: torch.zeros(s), "slow": lambda s: -torch.rand(s) * 1e-3,

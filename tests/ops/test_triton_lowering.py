@@ -42,7 +42,7 @@ KERNELS = {
          "w_low": "tensordesc<bf16[16,32]>", "dx": "tensordesc<fp32[32,16]>"},
         ("M", "D", "HK", "HV", "L"), (),
         {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "BL": 16, "GROUP": 8, "PER_SM": 1}),
-    "ops.common.cross_entropy.ce_rows_kernel": (
+    "ops.loss.cross_entropy.ce_rows_kernel": (
         {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "stride"), (),
         {"IGNORE": -100, "GRAD": True, "BLOCK": 64}),
     "ops.proj_out.kernels.gate_fwd_kernel": (
@@ -54,26 +54,26 @@ KERNELS = {
     "ops.proj_out.kernels.gate_bwd_kernel": (
         {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
         ("R", "RS"), ("eps",), {"H": 2, "V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
-    "ops.common.fused_scan.fused_scan_fwd_kernel": (
+    "ops.gla.scan.fused_scan_fwd_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "g": F32, "o": BF16, "b": F32, "h": BF16, "h0": F32, "ht": F32},
         ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "NS": 4, "BK": 32, "BV": 32,
                                   "MAXR": 64.0, "USE_H0": True, "STORE_HT": True, "SAVE": True, "PREC": "tf32",
                                   "SPLIT": True}),
-    "ops.common.fused_scan_bwd.fused_scan_bwd_dqk_kernel": (
+    "ops.gla.scan_bwd.fused_scan_bwd_dqk_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "b": F32, "h": BF16, "do": BF16, "dh": BF16, "dq": BF16, "dk": BF16,
          "dv": BF16, "db": F32}, ("T", "NT"), ("scale",),
         {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0, "WITH_DV": True, "PREC": "tf32",
          "SPLIT": True}),
-    "ops.common.fused_scan_bwd.fused_scan_bwd_dv_kernel": (
+    "ops.gla.scan_bwd.fused_scan_bwd_dv_kernel": (
         {"q": BF16, "k": BF16, "b": F32, "do": BF16, "dh": BF16, "dv": BF16}, ("T", "NT"), ("scale",),
         {"H": 2, "K": 64, "V": 32, "BT": 32, "BK": 32, "BV": 32, "MAXR": 64.0, "PREC": "tf32", "SPLIT": True}),
-    "ops.common.fused_intra.fused_intra_fwd_kernel": (
+    "ops.gla.fused_intra.fused_intra_fwd_kernel": (
         {"q": BF16, "k": BF16, "b": F32, "A": BF16}, ("T",), ("scale",),
         {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "MAXR": 64.0, "PREC": "tf32", "SPLIT": True}),
-    "ops.common.short_conv.short_conv_fwd_kernel": (
+    "ops.proj.short_conv.short_conv_fwd_kernel": (
         {"x": BF16, "w": F32, "bias": F32, "y": BF16}, ("T", "C", "sxb", "sxt"), ("eps",),
         {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True}),
-    "ops.common.short_conv.short_conv_bwd_kernel": (
+    "ops.proj.short_conv.short_conv_bwd_kernel": (
         {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dx": BF16, "dw": F32, "db": F32},
         ("T", "C", "sxb", "sxt"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
                                               "NORM": True}),
@@ -83,13 +83,13 @@ _STATE = {"S": 2, "H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "PREC"
 for _scalar, _step in [(False, True), (True, True), (False, False), (True, False)]:
     _b, _tag = (BF16 if _step else F32), f"#{'scalar' if _scalar else 'gk'}-{'step' if _step else 'cumsum'}"
     _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
-    KERNELS["ops.common.chunk_h.chunk_fwd_h_kernel" + _tag] = (
+    KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = (
         {"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
         {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False})
-    KERNELS["ops.common.chunk_h.chunk_bwd_dh_kernel" + _tag] = (
+    KERNELS["ops.chunkwise.state.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
         ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True})
-    KERNELS["ops.common.chunk_h.state_fixup_kernel" + _tag] = (
+    KERNELS["ops.chunkwise.state.state_fixup_kernel" + _tag] = (
         {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
         {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
 

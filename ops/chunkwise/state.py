@@ -24,13 +24,11 @@ The models pass fp32 cumulative decays.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from ops.common.tiles import dot_precision, tile
+from ops.triton_utils import dot_precision, sm_count, tile
 
 
 @triton.jit
@@ -304,7 +302,7 @@ def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, devi
     MIN_SEGMENT_CHUNKS chunks; 1 where the (K, V, batch·head) tiles already fill every SM once (at
     B16 H16 K=V=64, 256 programs on 132 SMs, S = 2 costs 0.128 → 0.167 ms)."""
     programs = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
-    sms, NT = _sm_count(device), triton.cdiv(T, chunk_size)
+    sms, NT = sm_count(device), triton.cdiv(T, chunk_size)
     if programs >= sms:
         return 1
     S = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), NT // MIN_SEGMENT_CHUNKS))
@@ -318,21 +316,13 @@ def segment_plan(NT: int, segments: int) -> tuple[int, int]:
     return NS, triton.cdiv(NT, NS)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    """The device's SMs; the H100's 132 under the interpreter, so CPU tests take the split path."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
-def _chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+def pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     """[B, T, H, D] → [B, NT, C, H, D] fp32, zero-padded."""
     B, T, H, D = x.shape
     return torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, -T % C)).view(B, -1, C, H, D)
 
 
-def _last(b: torch.Tensor, T: int, C: int) -> torch.Tensor:
+def chunk_last(b: torch.Tensor, T: int, C: int) -> torch.Tensor:
     """b at each chunk's last valid row: [B, NT, H, S]."""
     idx = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=b.device)[: -(-T // C)], max=T - 1)
     return b[:, idx].float()
@@ -340,7 +330,7 @@ def _last(b: torch.Tensor, T: int, C: int) -> torch.Tensor:
 
 def chunk_fwd_h_ref(k, v, b, h0, chunk_size):
     B, T, H, K = k.shape
-    kc, vc, bc, bl = _chunks(k, chunk_size), _chunks(v, chunk_size), _chunks(b, chunk_size), _last(b, T, chunk_size)
+    kc, vc, bc, bl = pad_chunks(k, chunk_size), pad_chunks(v, chunk_size), pad_chunks(b, chunk_size), chunk_last(b, T, chunk_size)
     S = torch.zeros(B, H, K, v.shape[-1], device=k.device) if h0 is None else h0.float()
     hs = []
     for n in range(kc.shape[1]):
@@ -353,7 +343,7 @@ def chunk_fwd_h_ref(k, v, b, h0, chunk_size):
 
 def chunk_bwd_dh_ref(q, do, b, dht, scale: float, chunk_size: int):
     B, T, H, K = q.shape
-    qc, doc, bc, bl = _chunks(q, chunk_size), _chunks(do, chunk_size), _chunks(b, chunk_size), _last(b, T, chunk_size)
+    qc, doc, bc, bl = pad_chunks(q, chunk_size), pad_chunks(do, chunk_size), pad_chunks(b, chunk_size), chunk_last(b, T, chunk_size)
     dS = torch.zeros(B, H, K, do.shape[-1], device=q.device) if dht is None else dht.float()
     dhs = []
     for n in reversed(range(qc.shape[1])):

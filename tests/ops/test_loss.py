@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.loss import IGNORE_INDEX, linear_cross_entropy
+from ops.loss.linear_cross_entropy import IGNORE_INDEX, linear_cross_entropy
 from tests.helpers import rel_err
 
 pytestmark = pytest.mark.usefixtures("exact_fp32_matmuls")
@@ -42,7 +42,7 @@ def test_matches_pytorch_fp32(chunk, ignore):
 def test_without_grad_computes_the_loss_only(monkeypatch):
     """Under torch.no_grad() (evaluation), with parameters that require grad as a model's do, no chunk step forms a
     gradient (so no dx, dW or their GEMMs either)."""
-    import model.loss as loss_mod
+    import ops.loss.linear_cross_entropy as loss_mod
 
     flags = []
     real = loss_mod._ce_rows_torch

@@ -18,10 +18,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _diag_scores, _offdiag_scores
-from ops.common.fused_chunk import chunk_decay
-from ops.common.fused_scan import MAX_RANGE, dot_split, load_chunk_keys
-from ops.common.tiles import dot_precision, tile
+from ops.chunkwise.intra import diag_scores, offdiag_scores
+from ops.gla.sub_block_bwd import chunk_decay
+from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
+from ops.triton_utils import dot_precision, tile
 
 
 @triton.jit
@@ -55,9 +55,9 @@ def fused_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             m_i = (t_i + o_s) < T
             for i_j in range(NC):
                 if i_j < i_i:
-                    b_blk = _offdiag_scores(q, k, b, i_b, i_h, t_i, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
+                    b_blk = offdiag_scores(q, k, b, i_b, i_h, t_i, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
                 elif i_j == i_i:
-                    b_blk = _diag_scores(q, k, b, i_b, i_h, t_i, T, H, K, BC, BK)
+                    b_blk = diag_scores(q, k, b, i_b, i_h, t_i, T, H, K, BC, BK)
                 else:
                     b_blk = tl.zeros([BC, BC], dtype=tl.float32)
                 tl.store(A + ((i_b * T + t_i + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_s)[None, :],

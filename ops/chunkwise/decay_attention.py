@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h, split_segments
-from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_fwd
-from ops.common.chunk_o import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
-from ops.common.cumsum import chunk_cumsum
+from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
+from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
+from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
+from ops.chunkwise.cumsum import chunk_cumsum
 
 CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -124,16 +124,3 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: 
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
-
-def check_triton_device(op: str, backend: str) -> None:
-    """Triton kernels run on a CUDA GPU, or on the CPU under TRITON_INTERPRET=1 (tests). op and backend are
-    what the user asked for, so that the error names them (one check serves every Triton op and backend)."""
-    import os
-
-    from ops import BackendError
-
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        # triton reads the variable when it is imported, so the remedy is the user's to apply, not ours
-        raise BackendError(f"op {op!r}, backend {backend!r}: its Triton kernels need a CUDA GPU. On this machine use "
-                           "--backend naive; for slow CPU testing, put TRITON_INTERPRET=1 in front of the command "
-                           "(TRITON_INTERPRET=1 python ...)")

@@ -30,8 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _load_rows, _load_rows_t
-from ops.common.tiles import dot_precision, tile
+from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import dot_precision, tile
 
 
 @triton.jit
@@ -44,8 +44,8 @@ def _kkt_block(k, b, beta, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constex
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_L += tl.dot(_load_rows(k, i_b, i_h, t_i, m_i, o_k, m_k, T, H, K),
-                      _load_rows_t(k, i_b, i_h, t_j, m_j, o_k, m_k, T, H, K), input_precision=PREC)
+        b_L += tl.dot(load_rows(k, i_b, i_h, t_i, m_i, o_k, m_k, T, H, K),
+                      load_rows_t(k, i_b, i_h, t_j, m_j, o_k, m_k, T, H, K), input_precision=PREC)
     keep = m_i[:, None] & m_j[None, :]
     if DIAG:
         keep = keep & (t_i[:, None] > t_j[None, :])
@@ -76,7 +76,7 @@ def _scaled_rows(x, b, beta, i_b, i_h, t_i, o_d, m_d, T, H: tl.constexpr, D: tl.
     s = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
     if DECAY:
         s *= tl.exp(tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0))
-    return _load_rows(x, i_b, i_h, t_i, m_i, o_d, m_d, T, H, D).to(tl.float32) * s[:, None]
+    return load_rows(x, i_b, i_h, t_i, m_i, o_d, m_d, T, H, D).to(tl.float32) * s[:, None]
 
 
 @triton.jit
@@ -205,11 +205,11 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
         for i_v in range(tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
-            b_dvn = _load_rows(dv_new, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+            b_dvn = load_rows(dv_new, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
             b_ht = tl.load(p_h + o_k[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_k[None, :], other=0.0)
             b_dw -= tl.dot(b_dvn, b_ht.to(tl.float32), input_precision=PREC)
-        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-        b_kt = _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_kt = load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
         b_dT += tl.dot(b_dw, b_kt * b_s[None, :], input_precision=PREC)
         b_dkb = tl.dot(b_Tt, b_dw, input_precision=PREC)               # Tmᵀ dw
         tl.store(dk_wy + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_dkb * b_s[:, None],
@@ -220,13 +220,13 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_du = _load_rows(dv_new, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_vt = _load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
+        b_du = load_rows(dv_new, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_vt = load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dT += tl.dot(b_du, b_vt * b_beta[None, :], input_precision=PREC)
         b_dvb = tl.dot(b_Tt, b_du, input_precision=PREC)               # Tmᵀ du
         tl.store(dv + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
                  (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
+        b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dbeta += tl.sum(b_v * b_dvb, 1)
     strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None] & m_t[None, :]
     b_E = tl.exp(tl.where(strict, b_b[:, None] - b_b[None, :], float("-inf")))
@@ -235,8 +235,8 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-        b_KK += tl.dot(b_k, _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32), input_precision=PREC)
+        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_KK += tl.dot(b_k, load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32), input_precision=PREC)
     b_P = b_dLE * b_KK                                                   # dL ⊙ L / β_i
     b_dbeta += tl.sum(b_P, 1)
     b_Q = b_P * b_beta[:, None]
@@ -259,10 +259,10 @@ def wy_bwd_dk_kernel(k, M, dk_wy, dk_in, dk, T, H: tl.constexpr, K: tl.constexpr
     m_k = o_k < K
     b_M = tl.load(M + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
     b_M += tl.load(M + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
-    b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_dk = tl.dot(b_M, b_k, input_precision=PREC)
-    b_dk += _load_rows(dk_wy, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-    b_dk += _load_rows(dk_in, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_dk += load_rows(dk_wy, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+    b_dk += load_rows(dk_in, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     tl.store(dk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_dk.to(dk.dtype.element_ty),
              mask=m_t[:, None] & m_k[None, :])
 
@@ -311,14 +311,14 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     return dk, dv, dbeta, db
 
 
-def _heads(x: torch.Tensor, C: int) -> torch.Tensor:
+def per_chunk(x: torch.Tensor, C: int) -> torch.Tensor:
     """[B, T, H, D] → [B, NT, H, C, D] fp64, zero-padded."""
     B, T, H, D = x.shape
     x = torch.nn.functional.pad(x.double(), (0, 0, 0, 0, 0, -T % C))
     return x.view(B, -1, C, H, D).transpose(2, 3)
 
 
-def _unheads(x: torch.Tensor, T: int) -> torch.Tensor:
+def per_step(x: torch.Tensor, T: int) -> torch.Tensor:
     """[B, NT, H, C, D] → [B, T, H, D]."""
     B, NT, H, C, D = x.shape
     return x.transpose(2, 3).reshape(B, NT * C, H, D)[:, :T]
@@ -327,7 +327,7 @@ def _unheads(x: torch.Tensor, T: int) -> torch.Tensor:
 def wy_fwd_ref(k, v, b, beta, chunk_size: int):
     """Tm, w, u as wy_fwd, in fp64 PyTorch (differentiable: wy_bwd_ref takes its gradients)."""
     T, C = k.shape[1], chunk_size
-    kc, vc, bc, betac = _heads(k, C), _heads(v, C), _heads(b, C)[..., 0], _heads(beta[..., None], C)[..., 0]
+    kc, vc, bc, betac = per_chunk(k, C), per_chunk(v, C), per_chunk(b, C)[..., 0], per_chunk(beta[..., None], C)[..., 0]
     valid = (torch.arange(kc.shape[1] * C, device=k.device) < T).view(-1, 1, C)      # [NT, 1, C]
     strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1) & valid[..., None] & valid[..., None, :]
     decay = (bc[..., :, None] - bc[..., None, :]).masked_fill(~strict, float("-inf")).exp()   # [B, NT, H, C, C]
@@ -336,13 +336,13 @@ def wy_fwd_ref(k, v, b, beta, chunk_size: int):
     Tm = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
     w = Tm @ (betac[..., None] * bc.exp()[..., None] * kc)
     u = Tm @ (betac[..., None] * vc)
-    return _unheads(Tm, T), _unheads(w, T), _unheads(u, T)
+    return per_step(Tm, T), per_step(w, T), per_step(u, T)
 
 
 def wy_bwd_ref(k, v, b, beta, h, dv_new, chunk_size: int):
     """dk (WY part only), dv, dβ, db of wy_fwd_ref's (w, u) for du = dv_new, dw = −dv_new h_nᵀ."""
     T, C = k.shape[1], chunk_size
-    dw = _unheads(-_heads(dv_new, C) @ h.double().transpose(-1, -2), T)          # [B, T, H, K]
+    dw = per_step(-per_chunk(dv_new, C) @ h.double().transpose(-1, -2), T)          # [B, T, H, K]
     xs = [x.detach().double().requires_grad_() for x in (k, v, b, beta)]
     _, w, u = wy_fwd_ref(*xs, C)
     dk, dv, db, dbeta = torch.autograd.grad((w, u), xs, (dw, dv_new.double()))

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.movement import MIN_BV, device_model, kernel_tiles
-from ops.common.tiles import dot_precision
+from ops.gla.movement import MIN_BV, device_model, kernel_tiles
+from ops.triton_utils import dot_precision
 
 MAX_RANGE = 64.0   # exp(64) = 6e27: q̃ and every masked-out score stay far below fp32's and bf16's 3e38
 

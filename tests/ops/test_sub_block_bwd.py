@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_fwd_h
-from ops.common import chunk_intra, chunk_o
-from ops.common.cumsum import chunk_cumsum
-from ops.common.fused_chunk import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
+from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h
+from ops.chunkwise import intra as chunk_intra, chunk_o
+from ops.chunkwise.cumsum import chunk_cumsum
+from ops.gla.sub_block_bwd import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from tests.helpers import rel_err
 
 # B, T, H, K, V, C

@@ -23,10 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.fused_chunk import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
-from ops.common.fused_scan import MAX_RANGE, dot_split, load_chunk_keys
-from ops.common.movement import bwd_key_tile
-from ops.common.tiles import dot_precision
+from ops.gla.sub_block_bwd import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
+from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
+from ops.gla.movement import bwd_key_tile
+from ops.triton_utils import dot_precision
 
 
 @triton.jit

@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _load_rows, _load_rows_t
-from ops.common.tiles import dot_precision, tile
-from ops.common.wy import _heads, _unheads
+from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import dot_precision, tile
+from ops.gated_delta.wy import per_chunk, per_step
 
 MAX_K = 256
 
@@ -48,14 +48,14 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
         last = tl.minimum(i_t * BT + BT, T) - 1
-        b_w = _load_rows(w, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-        b_vn = _load_rows(u, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
+        b_w = load_rows(w, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_vn = load_rows(u, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_vn -= tl.dot(b_w, b_h.to(b_w.dtype), input_precision=PREC)
         tl.store(v_new + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_vn.to(v_new.dtype.element_ty),
                  mask=m_t[:, None] & m_v[None, :])
         b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
         b_bl = tl.load(b + (i_b * T + last) * H + i_h)
-        b_kt = _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_kt = load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kt = b_kt * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[None, :]
         b_h *= tl.exp(b_bl)
         b_h += tl.dot(b_kt.to(b_w.dtype), b_vn.to(b_w.dtype), input_precision=PREC)
@@ -86,19 +86,19 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
         o_t = i_t * BT + o_c
         m_t = o_t < T
         last = tl.minimum(i_t * BT + BT, T) - 1
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_At = tl.load(A + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
         b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
         b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
         b_bl = tl.load(b + (i_b * T + last) * H + i_h)
-        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
         tl.store(dv_new + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_dv,
                  mask=m_t[:, None] & m_v[None, :])
-        b_qt = _load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_qt = load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_qt = b_qt * (tl.exp(b_b) * scale)[None, :]
-        b_wt = _load_rows_t(w, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_wt = load_rows_t(w, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_dh *= tl.exp(b_bl)
         b_dh += tl.dot(b_qt.to(b_do.dtype), b_do, input_precision=PREC)
         b_dh -= tl.dot(b_wt.to(b_do.dtype), b_dv.to(b_do.dtype), input_precision=PREC)
@@ -153,7 +153,7 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
 
 def _decays(b: torch.Tensor, T: int, C: int):
     """From b [B, T, H, 1]: exp(b) and exp(b_L − b) per row ([B, NT, H, C, 1], 0 past T), exp(b_L)."""
-    bc = _heads(b, C)                                                          # [B, NT, H, C, 1]
+    bc = per_chunk(b, C)                                                          # [B, NT, H, C, 1]
     valid = (torch.arange(bc.shape[1] * C, device=b.device) < T).view(1, -1, 1, C, 1)
     last = torch.clamp(torch.arange(C - 1, bc.shape[1] * C, C, device=b.device), max=T - 1)
     bl = b.double()[:, last].unsqueeze(-1)                                   # [B, NT, H, 1, 1]
@@ -163,7 +163,7 @@ def _decays(b: torch.Tensor, T: int, C: int):
 def delta_h_fwd_ref(k, w, u, b, h0, chunk_size: int):
     """h [B, NT, H, K, V], v_new [B, T, H, V], final state, in fp64, chunk by chunk."""
     B, T, H, K = k.shape
-    kc, wc, uc = _heads(k, chunk_size), _heads(w, chunk_size), _heads(u, chunk_size)
+    kc, wc, uc = per_chunk(k, chunk_size), per_chunk(w, chunk_size), per_chunk(u, chunk_size)
     _, kdecay, gamma_L = _decays(b, T, chunk_size)
     S = k.new_zeros(B, H, K, u.shape[-1], dtype=torch.float64) if h0 is None else h0.double()
     hs, vs = [], []
@@ -171,14 +171,14 @@ def delta_h_fwd_ref(k, w, u, b, h0, chunk_size: int):
         hs.append(S)
         vs.append(uc[:, n] - wc[:, n] @ S)                                     # [B, H, C, V]
         S = gamma_L[:, n] * S + (kc[:, n] * kdecay[:, n]).transpose(-1, -2) @ vs[-1]
-    return torch.stack(hs, 1), _unheads(torch.stack(vs, 1), T), S
+    return torch.stack(hs, 1), per_step(torch.stack(vs, 1), T), S
 
 
 def delta_h_bwd_ref(q, k, w, b, A, do, dht, scale: float, chunk_size: int):
     """dh [B, NT, H, K, V] (state leaving each chunk), dv_new [B, T, H, V], dh0, in fp64."""
     B, T, H, K = q.shape
-    qc, kc, wc, doc = (_heads(x, chunk_size) for x in (q, k, w, do))
-    Ac = _heads(A, chunk_size)                                                 # [B, NT, H, C, C]
+    qc, kc, wc, doc = (per_chunk(x, chunk_size) for x in (q, k, w, do))
+    Ac = per_chunk(A, chunk_size)                                                 # [B, NT, H, C, C]
     gamma, kdecay, gamma_L = _decays(b, T, chunk_size)
     dS = q.new_zeros(B, H, K, do.shape[-1], dtype=torch.float64) if dht is None else dht.double()
     dhs, dvs = [], []
@@ -187,4 +187,4 @@ def delta_h_bwd_ref(q, k, w, b, A, do, dht, scale: float, chunk_size: int):
         dvs.append(Ac[:, n].transpose(-1, -2) @ doc[:, n] + (kc[:, n] * kdecay[:, n]) @ dS)
         dS = gamma_L[:, n] * dS + (scale * qc[:, n] * gamma[:, n]).transpose(-1, -2) @ doc[:, n] \
             - wc[:, n].transpose(-1, -2) @ dvs[-1]
-    return torch.stack(dhs[::-1], 1), _unheads(torch.stack(dvs[::-1], 1), T), dS
+    return torch.stack(dhs[::-1], 1), per_step(torch.stack(dvs[::-1], 1), T), dS

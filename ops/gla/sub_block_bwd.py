@@ -22,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_intra import _diag_scores, _load_rows, _load_rows_t
-from ops.common.chunk_o import _state_grads
-from ops.common.tiles import dot_precision, tile
+from ops.chunkwise.intra import diag_scores
+from ops.triton_utils import load_rows, load_rows_t
+from ops.chunkwise.output import state_grads
+from ops.triton_utils import dot_precision, tile
 
 
 @triton.jit
@@ -54,7 +55,7 @@ def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         chunk_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         o_s = tl.arange(0, BC)
         for i_j in range(BT // BC):
             j0 = i_t * BT + i_j * BC
@@ -68,11 +69,11 @@ def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr
                 for i_k in range(tl.cdiv(K, BK)):
                     o_k = i_k * BK + tl.arange(0, BK)
                     m_k = o_k < K
-                    b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                    b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                    b_k = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                    b_bj = load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
                     b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
-                    b_qt = _load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)  # [BK, BT]
-                    b_bqt = _load_rows_t(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+                    b_qt = load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)  # [BK, BT]
+                    b_bqt = load_rows_t(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
                     b_kg = b_k.to(tl.float32) * tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))
                     b_qgt = b_qt * tl.exp(tl.where(below[None, :], b_bqt - b_bl[:, None], float("-inf")))
                     b_st += tl.dot(b_kg, b_qgt, input_precision=PREC)
@@ -82,8 +83,8 @@ def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr
                                    mask=m_k[:, None] & m_v[None, :], other=0.0)
                     b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
                 b_dv += tl.dot((b_st * scale).to(b_do.dtype), b_do, input_precision=PREC)
-                b_d = _diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                          # inside J
-                b_doj = _load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
+                b_d = diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                          # inside J
+                b_doj = load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
                 b_dv += tl.dot(tl.trans((b_d * scale).to(b_doj.dtype)), b_doj, input_precision=PREC)
                 tl.store(dv + ((i_b * T + o_j[:, None]) * H + i_h) * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
                          mask=m_j[:, None] & m_v[None, :])
@@ -118,9 +119,9 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         chunk_last = tl.minimum(i_t * BT + BT, T) - 1
-        b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-        b_b = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+        b_b = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)             # intra-chunk, unscaled
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         o_s = tl.arange(0, BC)
@@ -136,13 +137,13 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 for i_v in range(tl.cdiv(V, BV)):
                     o_v = i_v * BV + tl.arange(0, BV)
                     m_v = o_v < V
-                    b_vt = _load_rows_t(v, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)                   # [BV, BC]
-                    b_dA += tl.dot(_load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
-                    b_dAd += tl.dot(_load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
+                    b_vt = load_rows_t(v, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)                   # [BV, BC]
+                    b_dA += tl.dot(load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
+                    b_dAd += tl.dot(load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
                 b_dA = tl.where(below[:, None], b_dA, 0.0)
                 b_dAd = tl.where((o_s[:, None] >= o_s[None, :]) & m_j[:, None], b_dAd, 0.0)
-                b_kj = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
-                b_bj = _load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                b_kj = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+                b_bj = load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
                 b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
                 e_j = tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))            # ≤ 1
                 e_i = tl.exp(tl.where(below[:, None], b_b - b_bl[None, :], float("-inf")))           # ≤ 1
@@ -166,7 +167,7 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 b_dk += tl.dot(select, b_dkj, input_precision="ieee")
         # the state terms, as chunk_bwd_dqkb forms them; after the key-block loop, so their two [BT, BK]
         # accumulators are not live through it
-        b_dq_in, b_dk_in, b_hdh = _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
+        b_dq_in, b_dk_in, b_hdh = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
                                                BT, BK, BV, PREC)
         b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
         b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))

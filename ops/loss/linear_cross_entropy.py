@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ops.common.cross_entropy import ce_rows
+from ops.loss.cross_entropy import ce_rows
 
 CHUNK = 4096                 # rows per chunk: fp32 logits of 4096 × 50,257 are 823 MB
 IGNORE_INDEX = -100          # F.cross_entropy's default: targets with this value add no loss and no gradient
@@ -30,7 +30,7 @@ IGNORE_INDEX = -100          # F.cross_entropy's default: targets with this valu
 
 def _ce_rows_torch(z: torch.Tensor, t: torch.Tensor, ok: torch.Tensor, inv: torch.Tensor,
                    grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """ops.common.cross_entropy.ce_rows in PyTorch (CPU, where Triton does not run): the summed loss terms of one
+    """ops.loss.cross_entropy.ce_rows in PyTorch (CPU, where Triton does not run): the summed loss terms of one
     chunk of logits z [c, vocab] and, with grad, (softmax − onehot)·inv in z's dtype (ignored rows: 0)."""
     zf = z.float()
     ts = t.clamp_min(0)

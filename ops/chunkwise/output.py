@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.chunk_h import _chunks, _last
-from ops.common.chunk_intra import _load_rows, _load_rows_t
-from ops.common.tiles import dot_precision, tile
+from ops.chunkwise.state import pad_chunks, chunk_last
+from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import dot_precision, tile
 
 
 @triton.jit
@@ -32,7 +32,7 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     m_t = o_t < T
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+    b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     if SCALAR:
         b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
@@ -41,13 +41,13 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         if INLINE_A:
-            b_s += tl.dot(b_q, _load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K), input_precision=PREC)
+            b_s += tl.dot(b_q, load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K), input_precision=PREC)
         if SCALAR:
             b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
         else:
-            b_qd = b_q * tl.exp(_load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)) * scale
+            b_qd = b_q * tl.exp(load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)) * scale
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(b_qd.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=PREC)
@@ -75,8 +75,8 @@ def chunk_bwd_dA_kernel(do, v, dA, T, H: tl.constexpr, V: tl.constexpr, BT: tl.c
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_vt = _load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)                  # [BV, BT]
+        b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_vt = load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)                  # [BV, BT]
         b_dA += tl.dot(b_do, b_vt, input_precision=PREC)
     keep = o_t[:, None] >= o_t[None, :]
     tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :],
@@ -94,7 +94,7 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     last = tl.minimum(i_t * BT + BT, T) - 1
-    b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+    b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
     b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
     b_dv = tl.dot(tl.trans(b_A.to(b_do.dtype)), b_do, input_precision=PREC)
     if SCALAR:
@@ -103,11 +103,11 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         if SCALAR:
             b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         else:
-            b_bk = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+            b_bk = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
             b_blk = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
             b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_blk[None, :] - b_bk, 0.0))
         b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
@@ -118,7 +118,7 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
 
 
 @triton.jit
-def _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.constexpr, K: tl.constexpr,
+def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     """The state terms of dq and dk for one K tile of one chunk, before their decay factors:
     do h_nᵀ and v dh_{n+1}ᵀ [BT, BK] fp32, and Σ_v h_n ⊙ dh_{n+1} [BK]."""
@@ -132,8 +132,8 @@ def _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.c
         m_vk = m_v[:, None] & m_k[None, :]
         b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
         b_dht = tl.load(dh + p_state_t, mask=m_vk, other=0.0)
-        b_do = _load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_v = _load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC)
         b_dk += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC)
         b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
@@ -152,9 +152,9 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     last = tl.minimum(i_t * BT + BT, T) - 1
-    b_dq, b_dk, b_hdh = _state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV, PREC)
-    b_q = _load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-    b_k = _load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_dq, b_dk, b_hdh = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV, PREC)
+    b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:
         b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
         b_bl = tl.load(b + (i_b * T + last) * H + i_h)
@@ -162,7 +162,7 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
         b_dk *= tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         b_hdh *= tl.exp(b_bl)
     else:
-        b_b = _load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_b = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
         b_dq *= tl.exp(b_b) * scale
         b_dk *= tl.exp(tl.where(m_t[:, None], b_bl[None, :] - b_b, 0.0))
@@ -266,7 +266,7 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
 
 def chunk_fwd_o_ref(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:
     B, T, H, _ = q.shape
-    qc, vc, bc, Ac = (_chunks(x, chunk_size) for x in (q, v, b, A))                # [B, N, C, H, D]
+    qc, vc, bc, Ac = (pad_chunks(x, chunk_size) for x in (q, v, b, A))                # [B, N, C, H, D]
     o = torch.einsum("bnchk,bnhkv->bnchv", qc * bc.exp() * scale, h.float()) + \
         torch.einsum("bnihj,bnjhv->bnihv", Ac, vc)
     return o.reshape(B, -1, H, v.shape[-1])[:, :T]
@@ -274,7 +274,7 @@ def chunk_fwd_o_ref(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tenso
 
 def chunk_bwd_dA_ref(do, v, chunk_size: int) -> torch.Tensor:
     B, T, H, _ = v.shape
-    dA = torch.einsum("bnihv,bnjhv->bnihj", _chunks(do, chunk_size), _chunks(v, chunk_size))
+    dA = torch.einsum("bnihv,bnjhv->bnihj", pad_chunks(do, chunk_size), pad_chunks(v, chunk_size))
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=v.device).tril()
     return (dA * causal[:, None, :]).reshape(B, -1, H, chunk_size)[:, :T]
 
@@ -282,14 +282,14 @@ def chunk_bwd_dA_ref(do, v, chunk_size: int) -> torch.Tensor:
 def _k_to_end(k, b, chunk_size: int) -> torch.Tensor:
     """k ⊙ exp(b_L − b) per chunk, zero on padded rows: [B, N, C, H, K]."""
     B, T = k.shape[:2]
-    kc, bc = _chunks(k, chunk_size), _chunks(b, chunk_size)
+    kc, bc = pad_chunks(k, chunk_size), pad_chunks(b, chunk_size)
     valid = (torch.arange(kc.shape[1] * chunk_size, device=k.device) < T).view(1, -1, chunk_size, 1, 1)
-    return kc * torch.where(valid, (_last(b, T, chunk_size)[:, :, None] - bc).exp(), 0.0)
+    return kc * torch.where(valid, (chunk_last(b, T, chunk_size)[:, :, None] - bc).exp(), 0.0)
 
 
 def chunk_bwd_dv_ref(k, b, A, do, dh, chunk_size: int) -> torch.Tensor:
     B, T, H, _ = k.shape
-    dv = torch.einsum("bnihj,bnihv->bnjhv", _chunks(A, chunk_size), _chunks(do, chunk_size)) + \
+    dv = torch.einsum("bnihj,bnihv->bnjhv", pad_chunks(A, chunk_size), pad_chunks(do, chunk_size)) + \
         torch.einsum("bnchk,bnhkv->bnchv", _k_to_end(k, b, chunk_size), dh.float())
     return dv.reshape(B, -1, H, do.shape[-1])[:, :T]
 
@@ -297,12 +297,12 @@ def chunk_bwd_dv_ref(k, b, A, do, dh, chunk_size: int) -> torch.Tensor:
 def chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int):
     B, T, H, K = q.shape
     C = chunk_size
-    dq_in = torch.einsum("bnchv,bnhkv->bnchk", _chunks(do, C), h.float()) * _chunks(b, C).exp() * scale
-    dk_in = torch.einsum("bnchv,bnhkv->bnchk", _chunks(v, C), dh.float()) * _k_to_end(torch.ones_like(k), b, C)
+    dq_in = torch.einsum("bnchv,bnhkv->bnchk", pad_chunks(do, C), h.float()) * pad_chunks(b, C).exp() * scale
+    dk_in = torch.einsum("bnchv,bnhkv->bnchk", pad_chunks(v, C), dh.float()) * _k_to_end(torch.ones_like(k), b, C)
     dq = dq_in.reshape(B, -1, H, K)[:, :T] + dq_intra
     dk = dk_in.reshape(B, -1, H, K)[:, :T] + dk_intra
     db = q.float() * dq - k.float() * dk
-    tail = _last(b, T, C).exp() * (h.float() * dh.float()).sum(-1) + (_chunks(k, C) * dk_in).sum(2)  # [B, N, H, K]
+    tail = chunk_last(b, T, C).exp() * (h.float() * dh.float()).sum(-1) + (pad_chunks(k, C) * dk_in).sum(2)  # [B, N, H, K]
     ends = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=q.device)[: -(-T // C)], max=T - 1)
     db[:, ends] += tail
     return dq, dk, (db.sum(-1, keepdim=True) if b.shape[-1] == 1 else db)

@@ -16,25 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.common.tiles import dot_precision, tile
+from ops.triton_utils import dot_precision, load_rows, load_rows_t, tile
 
 
 @triton.jit
-def _load_rows(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
-    return tl.load(x + ((i_b * T + rows[:, None]) * H + i_h) * D + cols[None, :],
-                   mask=m_rows[:, None] & m_cols[None, :], other=0.0)
-
-
-@triton.jit
-def _load_rows_t(x, i_b, i_h, rows, m_rows, cols, m_cols, T, H: tl.constexpr, D: tl.constexpr):
-    """The tile x[rows, cols] transposed, [cols, rows], loaded in that layout: a dot's right operand
-    without a tl.trans in between (fla's Hopper miscompiles involved tl.trans; ../shared/GPU.md)."""
-    return tl.load(x + ((i_b * T + rows[None, :]) * H + i_h) * D + cols[:, None],
-                   mask=m_rows[None, :] & m_cols[:, None], other=0.0)
-
-
-@triton.jit
-def _diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+def diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     """A diagonal sub-block, unscaled, fp32 [BC, BC]: Σ_d q_id k_jd exp(b_id − b_jd) for rows
     i ≥ j of t0 + [0, BC), 0 elsewhere; elementwise, column by column, so no exponent is positive."""
     o_c = tl.arange(0, BC)
@@ -44,8 +30,8 @@ def _diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC:
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-        b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+        b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+        b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
         for j in range(BC):
             t_j = t0 + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
@@ -58,7 +44,7 @@ def _diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC:
 
 
 @triton.jit
-def _offdiag_scores(q, k, b, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+def offdiag_scores(q, k, b, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
                     BK: tl.constexpr, PREC: tl.constexpr):
     """An off-diagonal sub-block (rows t_i + [0, BC) after columns t_j + [0, BC)), unscaled, fp32 [BC, BC]:
     one GEMM after factorising around r = t_i, the first row of the row block, so both exponents are ≤ 0."""
@@ -69,10 +55,10 @@ def _offdiag_scores(q, k, b, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.const
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-        b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
-        b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
-        b_bjt = _load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+        b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+        b_kt = load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
+        b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+        b_bjt = load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
         b_br = tl.load(b + ((i_b * T + t_i) * H + i_h) * K + o_k, mask=m_k, other=0.0)
         b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
         b_kgt = b_kt * tl.exp(b_br[:, None] - b_bjt)
@@ -99,15 +85,15 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             b_bj = tl.load(b + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.0)
             for i_k in range(tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
-                b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, o_k < K, T, H, K)
-                b_kt = _load_rows_t(k, i_b, i_h, o_j, m_j, o_k, o_k < K, T, H, K)
+                b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, o_k < K, T, H, K)
+                b_kt = load_rows_t(k, i_b, i_h, o_j, m_j, o_k, o_k < K, T, H, K)
                 b_A += tl.dot(b_q, b_kt, input_precision=PREC)
             keep = (o_i[:, None] >= o_j[None, :]) & m_i[:, None] & m_j[None, :]
             b_A *= tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
         elif i_i > i_j:
-            b_A = _offdiag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
+            b_A = offdiag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
         else:
-            b_A = _diag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, T, H, K, BC, BK)
+            b_A = diag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, T, H, K, BC, BK)
     tl.store(A + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_j * BC + tl.arange(0, BC))[None, :],
              (b_A * scale).to(A.dtype.element_ty), mask=m_i[:, None])
 
@@ -140,7 +126,7 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
                            mask=m_s[:, None], other=0.0)
             keep = (o_s[:, None] >= o_j[None, :]) & m_s[:, None] & m_j[None, :]
             b_dA = b_dA * tl.exp(tl.where(keep, b_bs[:, None] - b_bj[None, :], float("-inf")))
-            b_k = _load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+            b_k = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
             b_dq += tl.dot(b_dA, b_k, input_precision=PREC)
         for i_i in range(i_s, NC):                                         # dk: blocks I ≥ s
             o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
@@ -150,16 +136,16 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
                            mask=m_i[:, None], other=0.0)
             keep = (o_i[:, None] >= o_s[None, :]) & m_i[:, None] & m_s[None, :]
             b_dA = b_dA * tl.exp(tl.where(keep, b_bi[:, None] - b_bs[None, :], float("-inf")))
-            b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
             b_dk += tl.dot(tl.trans(b_dA), b_q, input_precision=PREC)
     else:
-        b_bs = _load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
+        b_bs = load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
         r_s = i_t * BT + i_s * BC                                          # first row of block s
         b_brs = tl.load(b + ((i_b * T + r_s) * H + i_h) * K + o_k, mask=m_k, other=0.0)
         for i_j in range(i_s):                                             # dq, off-diagonal J < s
             o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
-            b_k = _load_rows(k, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K).to(tl.float32)
-            b_bj = _load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
+            b_k = load_rows(k, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K).to(tl.float32)
+            b_bj = load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
             b_dA = tl.load(dA + ((i_b * T + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_c)[None, :],
                            mask=m_s[:, None], other=0.0)
             b_dq += tl.dot(b_dA, b_k * tl.exp(b_brs[None, :] - b_bj), input_precision=PREC)
@@ -170,14 +156,14 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
             r = i_t * BT + i_i * BC
             r_ok = (o_k * 0 + r) < T
             b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k & r_ok, other=0.0)
-            b_q = _load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-            b_bi = _load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
+            b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
             b_dA = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_s * BC + o_c)[None, :],
                            mask=m_i[:, None], other=0.0)
             b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
             b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
                 tl.exp(tl.where(m_s[:, None] & r_ok[None, :], b_br[None, :] - b_bs, float("-inf")))
-        b_q = _load_rows(q, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K).to(tl.float32)
+        b_q = load_rows(q, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K).to(tl.float32)
         for j in range(BC):                                                # diagonal block, row by row
             t_j = i_t * BT + i_s * BC + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
@@ -225,10 +211,10 @@ def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int =
 
 
 def chunk_intra_fwd_ref(q, k, b, scale: float, chunk_size: int) -> torch.Tensor:
-    from ops.common.chunk_h import _chunks
+    from ops.chunkwise.state import pad_chunks
 
     B, T, H, K = q.shape
-    qc, kc, bc = _chunks(q, chunk_size), _chunks(k, chunk_size), _chunks(b, chunk_size)   # [B, N, C, H, D]
+    qc, kc, bc = pad_chunks(q, chunk_size), pad_chunks(k, chunk_size), pad_chunks(b, chunk_size)   # [B, N, C, H, D]
     diff = bc[:, :, :, None] - bc[:, :, None, :]                                          # [B, N, C, C, H, D]
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     e = diff.masked_fill(~causal[:, :, None, None], float("-inf")).exp()

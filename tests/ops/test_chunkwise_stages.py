@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ops.common.chunk_h import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
-from ops.common.chunk_intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
-from ops.common.chunk_o import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
+from ops.chunkwise.state import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
+from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
+from ops.chunkwise.output import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref, chunk_fwd_o_scalar)
-from ops.common.cumsum import chunk_cumsum, chunk_cumsum_ref
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_ref
 from tests.helpers import rel_err
 
 # B, T, H, K, V, C: ragged T, T < C, several K tiles (K = 140) and V tiles (V = 140)

@@ -1,1 +1,0 @@
-"""Triton stages shared by the chunkwise ops (GLA, SSD): one file per stage, each with a `_ref`."""
