@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton_utils import row_offsets
+
 
 @triton.jit
 def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
@@ -17,7 +19,7 @@ def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.cons
     o_t = i_t * BT + tl.arange(0, BT)
     o_s = i_s * BS + tl.arange(0, BS)
     m = (o_t[:, None] < T) & (o_s[None, :] < S)
-    ptr = ((i_b * T + o_t[:, None]) * H + i_h) * S + o_s[None, :]
+    ptr = row_offsets(i_b, i_h, o_t[:, None], T, H, S) + o_s[None, :]
     b_x = tl.load(x + ptr, mask=m, other=0.0).to(tl.float32)
     b_o = tl.cumsum(b_x, axis=0)
     if REVERSE:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import dot_precision, load_rows, load_rows_t, tile
+from ops.triton_utils import dot_precision, load_rows, load_rows_t, row_offsets, tile
 
 
 @triton.jit
@@ -35,8 +35,8 @@ def diag_scores(q, k, b, i_b, i_h, t0, T, H: tl.constexpr, K: tl.constexpr, BC: 
         for j in range(BC):
             t_j = t0 + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
-            b_kj = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-            b_bj = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+            b_kj = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_bj = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
             live = (o_c >= j)[:, None] & m_i[:, None]
             e = tl.exp(tl.where(live, b_bi - b_bj[None, :], float("-inf")))
             b_A += tl.where(o_c[None, :] == j, tl.sum(b_q * b_kj[None, :] * e, axis=1)[:, None], 0.0)
@@ -59,7 +59,7 @@ def offdiag_scores(q, k, b, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.conste
         b_kt = load_rows_t(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)     # [BK, BC]
         b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
         b_bjt = load_rows_t(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-        b_br = tl.load(b + ((i_b * T + t_i) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_br = tl.load(b + row_offsets(i_b, i_h, t_i, T, H, K) + o_k, mask=m_k, other=0.0)
         b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
         b_kgt = b_kt * tl.exp(b_br[:, None] - b_bjt)
         b_A += tl.dot(b_qg, b_kgt, input_precision=PREC)
@@ -81,8 +81,8 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
     b_A = tl.zeros([BC, BC], dtype=tl.float32)
     if i_i >= i_j:
         if SCALAR:
-            b_bi = tl.load(b + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.0)
-            b_bj = tl.load(b + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.0)
+            b_bi = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)
+            b_bj = tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)
             for i_k in range(tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, o_k < K, T, H, K)
@@ -94,7 +94,7 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             b_A = offdiag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
         else:
             b_A = diag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, T, H, K, BC, BK)
-    tl.store(A + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_j * BC + tl.arange(0, BC))[None, :],
+    tl.store(A + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_j * BC + tl.arange(0, BC))[None, :],
              (b_A * scale).to(A.dtype.element_ty), mask=m_i[:, None])
 
 
@@ -117,12 +117,12 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
     b_dk = tl.zeros([BC, BK], dtype=tl.float32)
     o_c = tl.arange(0, BC)
     if SCALAR:
-        b_bs = tl.load(b + (i_b * T + o_s) * H + i_h, mask=m_s, other=0.0)
+        b_bs = tl.load(b + row_offsets(i_b, i_h, o_s, T, H, 1), mask=m_s, other=0.0)
         for i_j in range(i_s + 1):                                         # dq: blocks J ≤ s
             o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
             m_j = o_j < T
-            b_bj = tl.load(b + (i_b * T + o_j) * H + i_h, mask=m_j, other=0.0)
-            b_dA = tl.load(dA + ((i_b * T + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_c)[None, :],
+            b_bj = tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)
+            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
                            mask=m_s[:, None], other=0.0)
             keep = (o_s[:, None] >= o_j[None, :]) & m_s[:, None] & m_j[None, :]
             b_dA = b_dA * tl.exp(tl.where(keep, b_bs[:, None] - b_bj[None, :], float("-inf")))
@@ -131,8 +131,8 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
         for i_i in range(i_s, NC):                                         # dk: blocks I ≥ s
             o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
             m_i = o_i < T
-            b_bi = tl.load(b + (i_b * T + o_i) * H + i_h, mask=m_i, other=0.0)
-            b_dA = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_s * BC + o_c)[None, :],
+            b_bi = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)
+            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
                            mask=m_i[:, None], other=0.0)
             keep = (o_i[:, None] >= o_s[None, :]) & m_i[:, None] & m_s[None, :]
             b_dA = b_dA * tl.exp(tl.where(keep, b_bi[:, None] - b_bs[None, :], float("-inf")))
@@ -141,12 +141,12 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
     else:
         b_bs = load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
         r_s = i_t * BT + i_s * BC                                          # first row of block s
-        b_brs = tl.load(b + ((i_b * T + r_s) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_brs = tl.load(b + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
         for i_j in range(i_s):                                             # dq, off-diagonal J < s
             o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
             b_k = load_rows(k, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K).to(tl.float32)
             b_bj = load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
-            b_dA = tl.load(dA + ((i_b * T + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_c)[None, :],
+            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
                            mask=m_s[:, None], other=0.0)
             b_dq += tl.dot(b_dA, b_k * tl.exp(b_brs[None, :] - b_bj), input_precision=PREC)
         b_dq *= tl.exp(tl.where(m_s[:, None], b_bs - b_brs[None, :], 0.0))
@@ -155,10 +155,10 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
             m_i = o_i < T
             r = i_t * BT + i_i * BC
             r_ok = (o_k * 0 + r) < T
-            b_br = tl.load(b + ((i_b * T + r) * H + i_h) * K + o_k, mask=m_k & r_ok, other=0.0)
+            b_br = tl.load(b + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
             b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
             b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
-            b_dA = tl.load(dA + ((i_b * T + o_i[:, None]) * H + i_h) * BT + (i_s * BC + o_c)[None, :],
+            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
                            mask=m_i[:, None], other=0.0)
             b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_bi - b_br[None, :], 0.0))
             b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
@@ -167,18 +167,18 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
         for j in range(BC):                                                # diagonal block, row by row
             t_j = i_t * BT + i_s * BC + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
-            b_kj = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-            b_qj = tl.load(q + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-            b_bj = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+            b_kj = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_qj = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_bj = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
             # column j of dA (rows i ≥ j of block s) → dq rows; row j of dA (cols ≤ j) → dk rows
-            dA_col = tl.load(dA + ((i_b * T + o_s) * H + i_h) * BT + i_s * BC + j, mask=m_s, other=0.0)
-            dA_row = tl.load(dA + ((i_b * T + t_j) * H + i_h) * BT + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
+            dA_col = tl.load(dA + row_offsets(i_b, i_h, o_s, T, H, BT) + i_s * BC + j, mask=m_s, other=0.0)
+            dA_row = tl.load(dA + row_offsets(i_b, i_h, t_j, T, H, BT) + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
             e_col = tl.exp(tl.where((o_c >= j)[:, None] & m_s[:, None], b_bs - b_bj[None, :], float("-inf")))
             e_row = tl.exp(tl.where((o_c <= j)[:, None] & m_s[:, None] & ((o_c * 0 + t_j) < T)[:, None], b_bj[None, :] - b_bs,
                                     float("-inf")))
             b_dq += dA_col[:, None] * b_kj[None, :] * e_col
             b_dk += dA_row[:, None] * b_qj[None, :] * e_row
-    p = ((i_b * T + o_s[:, None]) * H + i_h) * K + o_k[None, :]
+    p = row_offsets(i_b, i_h, o_s[:, None], T, H, K) + o_k[None, :]
     m = m_s[:, None] & m_k[None, :]
     tl.store(dq + p, b_dq * scale, mask=m)
     tl.store(dk + p, b_dk * scale, mask=m)

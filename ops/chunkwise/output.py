@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ops.chunkwise.state import pad_chunks, chunk_last
-from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 
 
@@ -35,7 +35,7 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     if SCALAR:
-        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
+        b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
     if INLINE_A:
         b_s = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -51,7 +51,7 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
         b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(b_qd.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=PREC)
-    p_A = A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :]
+    p_A = A + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :]
     if INLINE_A:
         keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
         b_A = (b_s * tl.exp(tl.where(keep, b_b[:, None] - b_b[None, :], float("-inf"))) * scale).to(A.dtype.element_ty)
@@ -60,8 +60,7 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     else:
         b_A = tl.load(p_A, mask=m_t[:, None], other=0.0)
     b_o += tl.dot(b_A.to(b_v.dtype), b_v, input_precision=PREC)
-    tl.store(o + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    store_rows(o, b_o, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
 
 
 @triton.jit
@@ -79,7 +78,7 @@ def chunk_bwd_dA_kernel(do, v, dA, T, H: tl.constexpr, V: tl.constexpr, BT: tl.c
         b_vt = load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)                  # [BV, BT]
         b_dA += tl.dot(b_do, b_vt, input_precision=PREC)
     keep = o_t[:, None] >= o_t[None, :]
-    tl.store(dA + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :],
+    tl.store(dA + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :],
              tl.where(keep, b_dA, 0.0), mask=m_t[:, None])
 
 
@@ -95,11 +94,11 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
     m_v = o_v < V
     last = tl.minimum(i_t * BT + BT, T) - 1
     b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-    b_A = tl.load(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
+    b_A = tl.load(A + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :], mask=m_t[:, None], other=0.0)
     b_dv = tl.dot(tl.trans(b_A.to(b_do.dtype)), b_do, input_precision=PREC)
     if SCALAR:
-        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-        b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+        b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
@@ -108,13 +107,12 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
             b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         else:
             b_bk = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-            b_blk = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+            b_blk = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
             b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_blk[None, :] - b_bk, 0.0))
         b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                        mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
-    tl.store(dv + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    store_rows(dv, b_dv, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
 
 
 @triton.jit
@@ -156,18 +154,18 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:
-        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-        b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+        b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
         b_dq *= (tl.exp(b_b) * scale)[:, None]
         b_dk *= tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         b_hdh *= tl.exp(b_bl)
     else:
         b_b = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-        b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
         b_dq *= tl.exp(b_b) * scale
         b_dk *= tl.exp(tl.where(m_t[:, None], b_bl[None, :] - b_b, 0.0))
         b_hdh *= tl.exp(b_bl)
-    p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+    p = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
     tail = b_hdh + tl.sum(b_k * b_dk, axis=0)                 # the last row's extra terms, per key dim
     b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
     b_dk += tl.load(dk_intra + p, mask=m_tk, other=0.0)

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import dot_precision, sm_count, tile
+from ops.triton_utils import dot_precision, load_rows, row_offsets, sm_count, tile
 
 
 @triton.jit
@@ -40,9 +40,9 @@ def _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H: tl.constexpr, K: tl.con
     cumsum (cumsum.py) in fp32."""
     # one return: Triton 3.6 type-checks every return of a function, constexpr-pruned branches included
     if SCALAR:
-        p_b, m_b = b + (i_b * T + o_t) * H + i_h, m_t
+        p_b, m_b = b + row_offsets(i_b, i_h, o_t, T, H, 1), m_t
     else:
-        p_b, m_b = b + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], m_t[:, None] & (o_k[None, :] < K)
+        p_b, m_b = b + row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :], m_t[:, None] & (o_k[None, :] < K)
     if STEP:
         b_g = tl.load(p_b, mask=m_b, other=0.0).to(tl.float32)
         b_b = tl.cumsum(b_g, axis=0)
@@ -51,9 +51,9 @@ def _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H: tl.constexpr, K: tl.con
         b_b = tl.load(p_b, mask=m_b, other=0.0)
         last = tl.minimum(i_t * BT + BT, T) - 1
         if SCALAR:
-            b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+            b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
         else:
-            b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=o_k < K, other=0.0)
+            b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=o_k < K, other=0.0)
     return b_b, b_bl
 
 
@@ -85,10 +85,8 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        b_k = tl.load(k + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-                      mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
-        b_v = tl.load(v + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                      mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
+        b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
         b_b, b_bl = _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR, STEP)
         if SCALAR:
             b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
@@ -143,10 +141,8 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.con
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        b_q = tl.load(q + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :],
-                      mask=m_t[:, None] & (o_k[None, :] < K), other=0.0)
-        b_do = tl.load(do + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                       mask=m_t[:, None] & (o_v[None, :] < V), other=0.0)
+        b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
+        b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
         b_b, b_bl = _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR, STEP)
         if SCALAR:
             b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
@@ -197,9 +193,9 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
         else:                                          # the cumsum at the chunk's last row
             last = tl.minimum(i_t * BT + BT, T) - 1
             if SCALAR:
-                b_tot = tl.load(b + (i_b * T + last) * H + i_h)
+                b_tot = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
             else:
-                b_tot = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                b_tot = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
         if SCALAR:
             b_c *= tl.exp(b_tot)
         else:

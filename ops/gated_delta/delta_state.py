@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 from ops.gated_delta.wy import per_chunk, per_step
 
@@ -51,10 +51,9 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
         b_w = load_rows(w, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_vn = load_rows(u, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_vn -= tl.dot(b_w, b_h.to(b_w.dtype), input_precision=PREC)
-        tl.store(v_new + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_vn.to(v_new.dtype.element_ty),
-                 mask=m_t[:, None] & m_v[None, :])
-        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-        b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+        store_rows(v_new, b_vn, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
+        b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
         b_kt = load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kt = b_kt * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[None, :]
         b_h *= tl.exp(b_bl)
@@ -87,14 +86,14 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
         m_t = o_t < T
         last = tl.minimum(i_t * BT + BT, T) - 1
         b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
-        b_At = tl.load(A + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
+        b_At = tl.load(A + row_offsets(i_b, i_h, o_t[None, :], T, H, BT) + o_c[:, None], mask=m_t[None, :], other=0.0)
         b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
-        b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-        b_bl = tl.load(b + (i_b * T + last) * H + i_h)
+        b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
-        tl.store(dv_new + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :], b_dv,
+        tl.store(dv_new + row_offsets(i_b, i_h, o_t[:, None], T, H, V) + o_v[None, :], b_dv,
                  mask=m_t[:, None] & m_v[None, :])
         b_qt = load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_qt = b_qt * (tl.exp(b_b) * scale)[None, :]

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 
 
@@ -49,9 +49,9 @@ def _kkt_block(k, b, beta, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constex
     keep = m_i[:, None] & m_j[None, :]
     if DIAG:
         keep = keep & (t_i[:, None] > t_j[None, :])
-    b_bi = tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0)
-    b_bj = tl.load(b + (i_b * T + t_j) * H + i_h, mask=m_j, other=0.0)
-    b_betai = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+    b_bi = tl.load(b + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0)
+    b_bj = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, 1), mask=m_j, other=0.0)
+    b_betai = tl.load(beta + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0).to(tl.float32)
     return b_L * b_betai[:, None] * tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
 
 
@@ -65,7 +65,7 @@ def _substitute_row(L, X, o, r):
 @triton.jit
 def _store_block(Ai, X, i_b, i_h, t_i, col0, T, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
     o_j = col0 + tl.arange(0, BC)
-    tl.store(Ai + ((i_b * T + t_i[:, None]) * H + i_h) * BT + o_j[None, :], X.to(Ai.dtype.element_ty),
+    tl.store(Ai + row_offsets(i_b, i_h, t_i[:, None], T, H, BT) + o_j[None, :], X.to(Ai.dtype.element_ty),
              mask=(t_i < T)[:, None])
 
 
@@ -73,9 +73,9 @@ def _store_block(Ai, X, i_b, i_h, t_i, col0, T, H: tl.constexpr, BT: tl.constexp
 def _scaled_rows(x, b, beta, i_b, i_h, t_i, o_d, m_d, T, H: tl.constexpr, D: tl.constexpr, DECAY: tl.constexpr):
     """x's rows t_i times β (and γ = exp(b) when DECAY), fp32."""
     m_i = t_i < T
-    s = tl.load(beta + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0).to(tl.float32)
+    s = tl.load(beta + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0).to(tl.float32)
     if DECAY:
-        s *= tl.exp(tl.load(b + (i_b * T + t_i) * H + i_h, mask=m_i, other=0.0))
+        s *= tl.exp(tl.load(b + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0))
     return load_rows(x, i_b, i_h, t_i, m_i, o_d, m_d, T, H, D).to(tl.float32) * s[:, None]
 
 
@@ -106,7 +106,7 @@ def _apply_tm(x, out, b, beta, i_b, i_h, t0, T, H: tl.constexpr, D: tl.constexpr
 
 @triton.jit
 def _store_rows(out, y, i_b, i_h, t_i, o_d, m_d, T, H: tl.constexpr, D: tl.constexpr):
-    tl.store(out + ((i_b * T + t_i[:, None]) * H + i_h) * D + o_d[None, :], y.to(out.dtype.element_ty),
+    tl.store(out + row_offsets(i_b, i_h, t_i[:, None], T, H, D) + o_d[None, :], y.to(out.dtype.element_ty),
              mask=(t_i < T)[:, None] & m_d[None, :])
 
 
@@ -188,11 +188,11 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
     o_c = tl.arange(0, BT)
     o_t = i_t * BT + o_c
     m_t = o_t < T
-    b_b = tl.load(b + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0)
-    b_beta = tl.load(beta + (i_b * T + o_t) * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+    b_beta = tl.load(beta + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0).to(tl.float32)
     b_s = b_beta * tl.exp(b_b)                                           # β γ
-    p_A = ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :]
-    b_Tt = tl.load(Ai + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :],
+    p_A = row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + o_c[None, :]
+    b_Tt = tl.load(Ai + row_offsets(i_b, i_h, o_t[None, :], T, H, BT) + o_c[:, None], mask=m_t[None, :],
                    other=0.0).to(tl.float32)
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
@@ -212,7 +212,7 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
         b_kt = load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
         b_dT += tl.dot(b_dw, b_kt * b_s[None, :], input_precision=PREC)
         b_dkb = tl.dot(b_Tt, b_dw, input_precision=PREC)               # Tmᵀ dw
-        tl.store(dk_wy + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_dkb * b_s[:, None],
+        tl.store(dk_wy + row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :], b_dkb * b_s[:, None],
                  mask=m_t[:, None] & m_k[None, :])
         b_kdkb = tl.sum(b_k * b_dkb, 1)
         b_dbeta += tl.exp(b_b) * b_kdkb
@@ -224,8 +224,7 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
         b_vt = load_rows_t(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dT += tl.dot(b_du, b_vt * b_beta[None, :], input_precision=PREC)
         b_dvb = tl.dot(b_Tt, b_du, input_precision=PREC)               # Tmᵀ du
-        tl.store(dv + ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :],
-                 (b_dvb * b_beta[:, None]).to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        store_rows(dv, b_dvb * b_beta[:, None], i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dbeta += tl.sum(b_v * b_dvb, 1)
     strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None] & m_t[None, :]
@@ -242,8 +241,8 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
     b_Q = b_P * b_beta[:, None]
     b_db += tl.sum(b_Q, 1) - tl.sum(b_Q, 0)
     tl.store(M + p_A, b_dLE * b_beta[:, None], mask=m_t[:, None])
-    tl.store(dbeta + (i_b * T + o_t) * H + i_h, b_dbeta, mask=m_t)
-    tl.store(db + (i_b * T + o_t) * H + i_h, b_db, mask=m_t)
+    tl.store(dbeta + row_offsets(i_b, i_h, o_t, T, H, 1), b_dbeta, mask=m_t)
+    tl.store(db + row_offsets(i_b, i_h, o_t, T, H, 1), b_db, mask=m_t)
 
 
 @triton.jit
@@ -257,14 +256,13 @@ def wy_bwd_dk_kernel(k, M, dk_wy, dk_in, dk, T, H: tl.constexpr, K: tl.constexpr
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
-    b_M = tl.load(M + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], mask=m_t[:, None], other=0.0)
-    b_M += tl.load(M + ((i_b * T + o_t[None, :]) * H + i_h) * BT + o_c[:, None], mask=m_t[None, :], other=0.0)
+    b_M = tl.load(M + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + o_c[None, :], mask=m_t[:, None], other=0.0)
+    b_M += tl.load(M + row_offsets(i_b, i_h, o_t[None, :], T, H, BT) + o_c[:, None], mask=m_t[None, :], other=0.0)
     b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_dk = tl.dot(b_M, b_k, input_precision=PREC)
     b_dk += load_rows(dk_wy, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
     b_dk += load_rows(dk_in, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-    tl.store(dk + ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :], b_dk.to(dk.dtype.element_ty),
-             mask=m_t[:, None] & m_k[None, :])
+    store_rows(dk, b_dk, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
 
 
 def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, chunk_size: int,

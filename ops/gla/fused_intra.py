@@ -21,7 +21,7 @@ import triton.language as tl
 from ops.chunkwise.intra import diag_scores, offdiag_scores
 from ops.gla.sub_block_bwd import chunk_decay
 from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
-from ops.triton_utils import dot_precision, tile
+from ops.triton_utils import dot_precision, row_offsets, tile
 
 
 @triton.jit
@@ -40,12 +40,12 @@ def fused_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_tk = m_t[:, None] & m_k[None, :]
-            p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-            b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, ((i_b * T + last) * H + i_h) * K + o_k, m_k)
+            p_tk = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
+            b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, row_offsets(i_b, i_h, last, T, H, K) + o_k, m_k)
             b_A += dot_split(b_q * tl.exp(b_b - b_bl[None, :]), tl.trans(b_k * tl.exp(b_bl[None, :] - b_b)), b_q,
                              PREC, SPLIT)
         b_A = tl.where(o_c[:, None] >= o_c[None, :], b_A * scale, 0.0)
-        tl.store(A + ((i_b * T + o_t[:, None]) * H + i_h) * BT + o_c[None, :], b_A.to(A.dtype.element_ty),
+        tl.store(A + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + o_c[None, :], b_A.to(A.dtype.element_ty),
                  mask=m_t[:, None])
     else:
         NC: tl.constexpr = BT // BC
@@ -60,7 +60,7 @@ def fused_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
                     b_blk = diag_scores(q, k, b, i_b, i_h, t_i, T, H, K, BC, BK)
                 else:
                     b_blk = tl.zeros([BC, BC], dtype=tl.float32)
-                tl.store(A + ((i_b * T + t_i + o_s[:, None]) * H + i_h) * BT + (i_j * BC + o_s)[None, :],
+                tl.store(A + row_offsets(i_b, i_h, t_i + o_s[:, None], T, H, BT) + (i_j * BC + o_s)[None, :],
                          (b_blk * scale).to(A.dtype.element_ty), mask=m_i[:, None])
 
 

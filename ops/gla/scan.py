@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ops.gla.movement import MIN_BV, device_model, kernel_tiles
-from ops.triton_utils import dot_precision
+from ops.triton_utils import dot_precision, row_offsets
 
 MAX_RANGE = 64.0   # exp(64) = 6e27: q̃ and every masked-out score stay far below fp32's and bf16's 3e38
 
@@ -80,8 +80,8 @@ def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.const
         o_t = i_t * BT + o_c
         m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
-        p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_tk = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
+        p_tv = row_offsets(i_b, i_h, o_t[:, None], T, H, V) + o_v[None, :]
         if SAVE:
             if i_t % NS == 0:                           # the kept states: every NS-th chunk's
                 tl.store(h + ((i_b * tl.cdiv(NT, NS) + i_t // NS) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
@@ -105,8 +105,8 @@ def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.const
             b_h = b_h * tl.exp(b_bl)[:, None] + tl.dot(tl.trans(b_kd.to(b_v.dtype)), b_v, input_precision=PREC)
         else:
             for j in range(tl.minimum(BT, T - i_t * BT)):
-                p_k = ((i_b * T + i_t * BT + j) * H + i_h) * K + o_k
-                p_v = ((i_b * T + i_t * BT + j) * H + i_h) * V + o_v
+                p_k = row_offsets(i_b, i_h, i_t * BT + j, T, H, K) + o_k
+                p_v = row_offsets(i_b, i_h, i_t * BT + j, T, H, V) + o_v
                 b_qr = tl.load(q + p_k, mask=m_k, other=0.0).to(tl.float32)
                 b_kr = tl.load(k + p_k, mask=m_k, other=0.0).to(tl.float32)
                 b_gr = tl.load(g + p_k, mask=m_k, other=0.0).to(tl.float32)

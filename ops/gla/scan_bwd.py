@@ -26,7 +26,7 @@ import triton.language as tl
 from ops.gla.sub_block_bwd import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
 from ops.gla.movement import bwd_key_tile
-from ops.triton_utils import dot_precision
+from ops.triton_utils import dot_precision, row_offsets
 
 
 @triton.jit
@@ -43,8 +43,8 @@ def fused_scan_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, N
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         last = tl.minimum(i_t * BT + BT, T) - 1
-        p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-        b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, ((i_b * T + last) * H + i_h) * K + o_k, m_k)
+        p_tk = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
+        b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, row_offsets(i_b, i_h, last, T, H, K) + o_k, m_k)
         e_q = tl.exp(b_b - b_bl[None, :])                            # ≤ exp(MAXR)
         e_k = tl.exp(b_bl[None, :] - b_b)                            # ≤ 1
         b_kd = (b_k * e_k).to(b_k.dtype)
@@ -61,7 +61,7 @@ def fused_scan_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, N
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
             m_tv = m_t[:, None] & m_v[None, :]
-            p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+            p_tv = row_offsets(i_b, i_h, o_t[:, None], T, H, V) + o_v[None, :]
             m_kv = m_k[:, None] & m_v[None, :]
             b_v = tl.load(v + p_tv, mask=m_tv, other=0.0)
             b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
@@ -110,14 +110,14 @@ def fused_scan_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr,
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
             m_tk = m_t[:, None] & m_k[None, :]
-            p_tk = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
-            b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, ((i_b * T + last) * H + i_h) * K + o_k, m_k)
+            p_tk = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
+            b_q, b_k, b_b, b_bl = load_chunk_keys(q, k, b, p_tk, m_tk, row_offsets(i_b, i_h, last, T, H, K) + o_k, m_k)
             b_kd = b_k * tl.exp(b_bl[None, :] - b_b)
             b_At += dot_split(b_kd, tl.trans(b_q * tl.exp(b_b - b_bl[None, :]) * scale), b_q, PREC, SPLIT)
             b_dhn = tl.load(dh + p_kv + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
             b_dv += tl.dot(b_kd.to(b_k.dtype), b_dhn.to(b_k.dtype), input_precision=PREC)
         b_At = tl.where(o_c[:, None] <= o_c[None, :], b_At, 0.0)
-        p_tv = ((i_b * T + o_t[:, None]) * H + i_h) * V + o_v[None, :]
+        p_tv = row_offsets(i_b, i_h, o_t[:, None], T, H, V) + o_v[None, :]
         b_do = tl.load(do + p_tv, mask=m_tv, other=0.0)
         b_dv += tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
         tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)

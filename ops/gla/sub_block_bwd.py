@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ops.chunkwise.intra import diag_scores
-from ops.triton_utils import load_rows, load_rows_t
+from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
 from ops.chunkwise.output import state_grads
 from ops.triton_utils import dot_precision, tile
 
@@ -36,7 +36,7 @@ def chunk_decay(b, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.co
     r = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        r = tl.maximum(r, -tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=o_k < K, other=0.0))
+        r = tl.maximum(r, -tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=o_k < K, other=0.0))
     return tl.max(r, axis=0)
 
 
@@ -71,13 +71,13 @@ def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr
                     m_k = o_k < K
                     b_k = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
                     b_bj = load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                    b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                    b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
                     b_qt = load_rows_t(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)  # [BK, BT]
                     b_bqt = load_rows_t(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
                     b_kg = b_k.to(tl.float32) * tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))
                     b_qgt = b_qt * tl.exp(tl.where(below[None, :], b_bqt - b_bl[:, None], float("-inf")))
                     b_st += tl.dot(b_kg, b_qgt, input_precision=PREC)
-                    b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                    b_bL = tl.load(b + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_k, other=0.0)
                     b_kd = b_k * tl.exp(tl.where(m_j[:, None], b_bL[None, :] - b_bj, 0.0))
                     b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                                    mask=m_k[:, None] & m_v[None, :], other=0.0)
@@ -86,8 +86,7 @@ def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr
                 b_d = diag_scores(q, k, b, i_b, i_h, j0, T, H, K, BC, BK)                          # inside J
                 b_doj = load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
                 b_dv += tl.dot(tl.trans((b_d * scale).to(b_doj.dtype)), b_doj, input_precision=PREC)
-                tl.store(dv + ((i_b * T + o_j[:, None]) * H + i_h) * V + o_v[None, :], b_dv.to(dv.dtype.element_ty),
-                         mask=m_j[:, None] & m_v[None, :])
+                store_rows(dv, b_dv, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V)
 
 
 @triton.jit
@@ -144,7 +143,7 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 b_dAd = tl.where((o_s[:, None] >= o_s[None, :]) & m_j[:, None], b_dAd, 0.0)
                 b_kj = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
                 b_bj = load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
-                b_bl = tl.load(b + ((i_b * T + last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+                b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
                 e_j = tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))            # ≤ 1
                 e_i = tl.exp(tl.where(below[:, None], b_b - b_bl[None, :], float("-inf")))           # ≤ 1
                 b_dq += e_i * tl.dot(b_dA, b_kj * e_j, input_precision=PREC)
@@ -153,9 +152,9 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 for j in range(BC):                             # inside J, elementwise, as chunk_intra_bwd
                     t_j = j0 + j
                     m_jk = m_k & ((o_k * 0 + t_j) < T)
-                    b_kr = tl.load(k + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-                    b_qr = tl.load(q + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0).to(tl.float32)
-                    b_br = tl.load(b + ((i_b * T + t_j) * H + i_h) * K + o_k, mask=m_jk, other=0.0)
+                    b_kr = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+                    b_qr = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+                    b_br = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
                     live = (o_s * 0 + t_j) < T
                     e_col = tl.exp(tl.where((o_s >= j)[:, None] & m_j[:, None], b_bj - b_br[None, :], float("-inf")))
                     e_row = tl.exp(tl.where((o_s <= j)[:, None] & m_j[:, None] & live[:, None], b_br[None, :] - b_bj,
@@ -169,12 +168,12 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
         # accumulators are not live through it
         b_dq_in, b_dk_in, b_hdh = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
                                                BT, BK, BV, PREC)
-        b_bL = tl.load(b + ((i_b * T + chunk_last) * H + i_h) * K + o_k, mask=m_k, other=0.0)
+        b_bL = tl.load(b + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_k, other=0.0)
         b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
         b_dq = (b_dq + b_dq_in * tl.exp(b_b)) * scale
         b_dk = b_dk * scale + b_dk_in
         tail = b_hdh * tl.exp(b_bL) + tl.sum(b_k * b_dk_in, axis=0)     # the chunk's last row's extra terms
-        p = ((i_b * T + o_t[:, None]) * H + i_h) * K + o_k[None, :]
+        p = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
         b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == chunk_last)[:, None], tail[None, :], 0.0)
         tl.store(db + p, b_db, mask=m_tk)
         tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_tk)

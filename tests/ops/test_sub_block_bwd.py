@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h
-from ops.chunkwise import intra as chunk_intra, chunk_o
+from ops.chunkwise import intra, output
 from ops.chunkwise.cumsum import chunk_cumsum
 from ops.gla.sub_block_bwd import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from tests.helpers import rel_err
@@ -35,7 +35,7 @@ def make(case, gate, dtype, device):
 
 def stage(name: str, C: int):
     """chunk's Triton stage (C ≤ 128: the `fused` op, which alone runs these kernels, offers no more)."""
-    return getattr(chunk_intra if "intra" in name else chunk_o, name)
+    return getattr(intra if "intra" in name else output, name)
 
 
 def dv_pair(q, k, v, b, h, do, dh, scale, C):
