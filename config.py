@@ -127,7 +127,7 @@ def set_dotted(cfg: Config, key: str, raw: str) -> None:
             if dataclasses.is_dataclass(typ):
                 raise ConfigError(f"config key {key!r} is a section; set one of its fields")
             # text fields take the CLI text as typed: YAML would read --train.name=off as False, 0123 as octal 83
-            # and null as None, and str() of those named the run folder 'False', '83' or ''
+            # and null as None, and str() of those would name the run folder 'False', '83' or ''
             value = yaml.safe_load(raw) if isinstance(raw, str) and typ is not str else raw
             setattr(obj, p, _coerce("" if value is None else value, typ, key))
         else:
@@ -171,8 +171,9 @@ def _at_least(lo: float, strict: bool = False) -> tuple[Callable[[Any], bool], s
 
 
 _UNIT = (lambda v: 0 <= v < 1, "in [0, 1)")
-# Ranges the field types cannot say. Each was a silent no-op or a crash deep inside training: grad_accum 0
-# "trained" with loss 0 and saved a checkpoint, max_steps -1 did nothing and exited 0, log_interval 0 divided by 0.
+# Ranges the field types cannot say. Outside them a run is a silent no-op or a crash deep inside training:
+# grad_accum 0 "trains" with loss 0 and saves a checkpoint, max_steps -1 does nothing and exits 0, log_interval 0
+# divides by 0.
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.micro_batch_size": _at_least(1), "train.grad_accum": _at_least(1), "train.max_steps": _at_least(1),
     "train.log_interval": _at_least(1), "train.eval_interval": _at_least(0), "train.eval_batches": _at_least(0),

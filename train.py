@@ -1,12 +1,18 @@
 """Train a chunkfuse language model on one backend.
 
-    python train.py --config configs/smoke.yaml                                  # CPU, synthetic
+    python train.py --config configs/smoke.yaml                                  # CPU, synthetic data
     accelerate launch train.py --config configs/gla_340m.yaml --backend fused    # GPU(s)
     python train.py --config configs/smoke.yaml --resume                         # continue the run
+    python train.py --config configs/smoke.yaml --train.max_steps=200 --optim.lr 1e-3 --train.name=short
 
-Any config key can be overridden as --section.key=value (unknown keys are errors). The run folder
+Any config key can be overridden as --section.key=value (or --section.key value); the sections are model,
+data, optim and train, and config.py lists their keys. Unknown keys are errors. The run folder
 <train.out_dir>/<train.name> receives config.yaml, run.json (commit, device, versions, per-layer
 backends), metrics.jsonl and checkpoints/.
+
+Backends: naive (PyTorch reference), chunk (chunkwise Triton kernels), fused (this repository's fused
+kernels; --fuse picks among their components), fla (the flash-linear-attention package). A backend an
+op lacks or this machine cannot run is an error, never a silent fallback.
 """
 from __future__ import annotations
 
@@ -57,16 +63,18 @@ RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_d
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="YAML preset under configs/")
-    p.add_argument("--backend", help="kernel backend for every op (shorthand for --model.backend)")
-    p.add_argument("--fuse", help="with --backend fused: the fused components to use, e.g. chunk or "
-                                  "state,chunk (default: all the ops have; shorthand for --model.fuse)")
+    p.add_argument("--config", required=True, help="YAML preset, e.g. configs/gla_125m.yaml")
+    p.add_argument("--backend", help="kernel backend for every op: naive, chunk, fused or fla (shorthand for "
+                                     "--model.backend)")
+    p.add_argument("--fuse", help="with --backend fused: the fused components to use, comma-separated from proj, "
+                                  "state, chunk (default: all the ops have; shorthand for --model.fuse)")
     p.add_argument("--resume", nargs="?", const="latest", default=None,
-                   help="continue from the run's latest checkpoint, or from the checkpoint PATH (checkpoints after "
-                        "it move to checkpoints/superseded-<time>/)")
+                   help="continue from the run's latest checkpoint, or from PATH (a checkpoint, or a run folder's "
+                        "latest); the run's checkpoints after it move to checkpoints/superseded-<time>/")
     p.add_argument("--allow-changes", action="store_true",
                    help="with --resume: accept settings that differ from the checkpoint's (optimizer, data, seed, "
-                        "batch, precision); without it they are an error. The model's shape never may.")
+                        "batch, precision); without it they are an error. Model settings other than backend and "
+                        "fuse may never differ.")
     args, overrides = p.parse_known_args(argv)
     args.flags = parser_flags(p)
     return args, overrides
@@ -141,10 +149,10 @@ def fsdp_plugin(precision: str) -> FullyShardedDataParallelPlugin | None:
     """Under `accelerate launch` with an FSDP2 config (configs/accelerate/fsdp.yaml) and bf16/fp16: compute in
     that dtype but reduce and accumulate gradients in fp32, and leave outputs in the dtype each module makes
     (the loss is fp32), as torchtitan does. accelerate's own policy reduces in bf16 (gradient accumulation over
-    micro-batches included) and casts every output to bf16: on the H100 each logged loss was a mean of
-    bf16-rounded micro-batch losses (0.03 nats apart near 5). Casting outputs to fp32 instead ran the LM head in
-    fp32 (0.69x the tokens/s). The rest of the plugin comes from accelerate's environment, as it would without
-    this. FSDP1 launches (FSDP_VERSION 1, accelerate's default) keep accelerate's own policy: never run here."""
+    micro-batches included) and casts every output to bf16, so each logged loss would be a mean of bf16-rounded
+    micro-batch losses (bf16's spacing near a loss of 5 is 0.03 nats); casting outputs to fp32 instead would run
+    the LM head's GEMM in fp32. The rest of the plugin comes from accelerate's environment, as it would without
+    this. FSDP1 launches (FSDP_VERSION 1, accelerate's default) keep accelerate's own policy."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     if (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or os.environ.get("FSDP_VERSION", "1") != "2"
             or dtype is None):
@@ -198,10 +206,10 @@ def main(argv: list[str] | None = None) -> dict:
     precision = resolve_precision(tc.precision)
     if args.allow_changes and not args.resume:
         raise ConfigError("--allow-changes applies only with --resume")
-    with torch.device("meta"):   # family, backends and shapes checked in ms, before any data is downloaded
+    with torch.device("meta"):   # family, backends and shapes checked at once, before any data is downloaded
         build_model(cfg.model)
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
-    # left out, each process trained alone and they raced for the same run folder
+    # without it each process would train alone, all racing for the same run folder
     accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
                               fsdp_plugin=fsdp_plugin(precision))
     launched = int(os.environ.get("WORLD_SIZE", 1))
@@ -304,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
                 x, y = (t.to(device, non_blocking=True) for t in sampler.batch(step, micro))
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    _, loss = model(x, y, return_logits=False)     # chunked head + loss (model/loss.py)
+                    _, loss = model(x, y, return_logits=False)     # chunked head + loss (ops.loss)
                     accelerator.backward(loss / tc.grad_accum)
                 loss_sum += loss.detach() / tc.grad_accum
             # max_norm = inf measures the norm without clipping

@@ -1,4 +1,4 @@
-"""Data-source settings (see data/README in the top-level README for source specs)."""
+"""Data-source settings; data/sources.py documents the source specs."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

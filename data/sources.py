@@ -2,8 +2,9 @@
 
 Specs:
     hf:Salesforce/wikitext:wikitext-103-raw-v1   a Hugging Face hub dataset (name[:config]) with a text column
-    local:DIR  or  DIR                           wiki.{train,valid,test}.raw (the official archive's
-                                                 layout) or {train,valid,test}[.txt|.raw] files
+    local:DIR  or  DIR                           wiki.{train,valid,test}.raw (the layout of the official
+                                                 archive wikitext-103-raw-v1.zip, unpacked) or
+                                                 {train,valid,test}[.txt|.raw] files
     synthetic                                    data.synthetic.MarkovSource (no text, no tokenizer)
 Splits are called train / valid / test everywhere; hub splits named `validation` are mapped.
 """
@@ -86,7 +87,9 @@ def load_text(src: Source, split: str):
             raise DataSourceError(
                 f"could not load {src.name!r} ({src.config}) split {hub_split!r} from the Hugging "
                 f"Face hub: {type(e).__name__}: {e}. Offline, point --data.source (and "
-                "--data.eval_source) at a local directory of text files instead.") from e
+                "--data.eval_source) at a local directory of text files instead (--data.source=local:DIR); "
+                "for WikiText-103, DIR is the wikitext-103-raw folder that the official archive "
+                "wikitext-103-raw-v1.zip unpacks to (wiki.train.raw, wiki.valid.raw, wiki.test.raw).") from e
         if "text" not in ds.column_names:
             raise DataSourceError(f"{src.name}: no 'text' column (columns: {ds.column_names})")
         return ds.select_columns(["text"])

@@ -1,7 +1,15 @@
-"""GPT-2 BPE through tiktoken, online or from a local ranks file.
+r"""GPT-2 BPE through tiktoken, online or from a local ranks file.
 
 Resolution order: an explicit file (`--data.tokenizer_file`), then `$CHUNKFUSE_GPT2_BPE`, then
-tiktoken's own download. If none works the error names both offline ways out.
+tiktoken's own download of its `gpt2` encoding (built from OpenAI's vocab.bpe and encoder.json at
+https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/). For offline use, save the ranks
+file once on a machine with internet (one line per rank: the base64 token, a space, the rank):
+
+    import base64, tiktoken
+    ranks = tiktoken.get_encoding("gpt2")._mergeable_ranks
+    with open("gpt2.tiktoken", "wb") as f:
+        for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            f.write(base64.b64encode(tok) + b" %d\n" % rank)
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ from utils.errors import UserError
 
 ENV_VAR = "CHUNKFUSE_GPT2_BPE"
 EOT = 50256
-# tiktoken's GPT-2 split pattern (see ../shared/data/README.md).
+# tiktoken's GPT-2 pre-tokenization pattern (the `gpt2` encoding's pat_str), so a ranks file gives the same ids.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
@@ -52,8 +60,11 @@ def get_tokenizer(path: str | None = None) -> tiktoken.Encoding:
         raise TokenizerUnavailable(
             "could not download tiktoken's GPT-2 BPE ranks "
             f"({type(e).__name__}: {e}). Offline, give a local ranks file either with "
-            f"--data.tokenizer_file=PATH or the environment variable {ENV_VAR}=PATH "
-            "(e.g. ../shared/data/tokenizers/gpt2.tiktoken)."
+            f"--data.tokenizer_file=PATH or the environment variable {ENV_VAR}=PATH: a gpt2.tiktoken file, "
+            "one line per rank (base64 token, space, rank), saved on a machine with internet from "
+            "tiktoken.get_encoding('gpt2')._mergeable_ranks (tiktoken builds them from "
+            "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe and encoder.json); "
+            "data/tokenizer.py's docstring shows how."
         ) from e
 
 

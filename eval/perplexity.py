@@ -73,7 +73,7 @@ def score_tokens(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
                  batch_size: int = 8, progress: bool = False) -> tuple[float, int]:
     """Total NLL (nats) of tokens[1:] given their windowed contexts, and how many were scored.
 
-    tokens: int64 [N]. Full-length windows are batched; the ragged last one runs alone.
+    tokens: 1-D int64 [n_tokens]. Full-length windows are batched; the ragged last one runs alone.
     """
     device = next(model.parameters()).device
     plan = window_plan(tokens.numel() - 1, seq_len, stride)

@@ -49,7 +49,7 @@ class Block(nn.Module):
         self.mixer = mixer
         self.mlp_norm = norm() if mlp is not None else None
         self.mlp = mlp
-        # A mixer whose output op adds the residual itself (ops/proj_out: in its GEMM's epilogue when fused)
+        # A mixer whose output op adds the residual itself (the proj_out op; in its GEMM's epilogue when fused)
         self.mixer_adds_residual = getattr(mixer, "adds_residual", False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,16 +88,16 @@ def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Calla
     `proj` in --fuse is an error rather than a silently unfused projection."""
     fuse = parse_fuse(cfg.fuse)
     if fuse is not None and "proj" in fuse and not has_proj:
-        raise BackendError(f"op {op!r} ({cfg.family}): the fused 'proj' component (issue [H], the projection "
-                           "chain) is not implemented for this family yet (GLA, Gated DeltaNet and Mamba-2 have it); "
+        raise BackendError(f"op {op!r} ({cfg.family}): the fused 'proj' component (the projection chain) is "
+                           "not implemented for this family (GLA, Gated DeltaNet and Mamba-2 have it); "
                            "drop it from --fuse")
     return get_op(op, cfg.backend, fuse), fused_label(op, cfg.backend, fuse)
 
 
 def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
-    """A layer-level projection-chain op (ops/proj_*, issue [H]): its `fused` backend where cfg asks
-    for the `proj` component (--backend fused with no --fuse, or proj among --fuse's components), else
-    its `naive` one, the PyTorch chain the layer always ran; with the label the run log records."""
+    """A layer-level projection-chain op (proj_in, gdn_proj_in, mamba2_proj_in, proj_out): its `fused`
+    backend where cfg asks for the `proj` component (--backend fused with no --fuse, or proj among --fuse's
+    components), else its `naive` one (the plain PyTorch chain); with the label the run log records."""
     fuse = parse_fuse(cfg.fuse)
     if cfg.backend == "fused" and (fuse is None or "proj" in fuse):
         proj = frozenset({"proj"})
@@ -107,9 +107,9 @@ def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
 
 def resolve_chain(cfg: ModelConfig, op: str,
                   proj_in_op: str) -> tuple[Callable, Callable, Callable, dict[str, str]]:
-    """A mixer with a projection chain (GLA, Gated DeltaNet, Mamba-2): its op, its input-side op `proj_in_op` and
-    the shared output side `proj_out`, and the backends the run log records: the proj ops only when fused (the
-    naive chain is what every other run has always run)."""
+    """A mixer with a projection chain (GLA, Gated DeltaNet, Mamba-2): its op, its input-side op `proj_in_op`,
+    the shared output side `proj_out`, and the backends the run log records. The proj ops are recorded only
+    when fused: the naive chain is the default and is left out of the log."""
     mixer, label = resolve_op(cfg, op, has_proj=True)
     proj_in, in_label = resolve_proj(cfg, proj_in_op)
     proj_out, out_label = resolve_proj(cfg, "proj_out")
@@ -159,9 +159,10 @@ class CausalLM(nn.Module):
                 m.init_extra()
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
-        """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss. With targets
-        and return_logits=False (training), the logits are None and the loss comes from ops.loss.linear_cross_entropy's chunked head
-        and cross-entropy, which never holds the whole [B, T, vocab] logits (the same math)."""
+        """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss.
+        With targets and return_logits=False (training) the logits are None and the loss comes from the
+        linear_cross_entropy op (ops.loss): the same math, chunked over rows so the whole [B, T, vocab]
+        logits never exist at once."""
         x = self.embed(idx)                                              # [B, T, d]
         if self.pos_embed is not None:
             if idx.shape[1] > self.cfg.max_seq_len:

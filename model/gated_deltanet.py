@@ -1,14 +1,14 @@
-"""Gated DeltaNet (Yang, Kautz, Hatamizadeh, ICLR 2025), as ../shared/DESIGN.md §3 defines it.
+"""Gated DeltaNet (Yang, Kautz, Hatamizadeh, ICLR 2025).
 
     q, k, v = SiLU(conv4(x W_{q,k,v}));  q, k L2-normalised per head
     β = sigmoid(x W_β),  g = −exp(A_log) · softplus(x W_a + dt_bias)
     S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t-1} + β_t k_t v_tᵀ,   o_t = S_tᵀ (q_t K^{-1/2})
     y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
 
-The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`
-(issue [H]): the input side (the projections, short convs, norms, β and g) is `gdn_proj_in`
-(ops/gdn_proj_in/), the output side (norm, gate, W_o and the block's residual add) is `proj_out`
-(ops/proj_out/, shared with GLA). The weights stay the modules below, so checkpoints do not depend on the backend.
+The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`:
+the input side (the projections, short convs, norms, β and g) is the `gdn_proj_in` op, the output side
+(norm, gate, W_o and the block's residual add) the `proj_out` op, shared with GLA. The weights stay the
+modules below, so checkpoints do not depend on the backend.
 """
 from __future__ import annotations
 

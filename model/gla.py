@@ -1,13 +1,13 @@
-"""Gated Linear Attention (Yang et al., ICML 2024), as ../shared/DESIGN.md §3 defines it.
+"""Gated Linear Attention (Yang et al., ICML 2024).
 
     q = x W_q,  k = x W_k,  v = x W_v,  gk = logsigmoid(x W_g1 W_g2 + b) / 16
     S_t = diag(exp(gk_t)) S_{t-1} + k_tᵀ v_t,   o_t = (q_t K^{-1/2}) S_t
     y = (RMSNorm_head(o) ⊙ swish(x W_r)) W_o
 
-The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`
-(issue [H]): the input side (q, k, v, gk and the gate's x W_r) is `proj_in` (ops/proj_in/), the output side
-(norm, gate, W_o and the block's residual add) is `proj_out` (ops/proj_out/). The weights stay the
-nn.Linear parameters below, so checkpoints do not depend on the backend.
+The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`:
+the input side (q, k, v, gk and the gate's x W_r) is the `proj_in` op, the output side (norm, gate, W_o
+and the block's residual add) the `proj_out` op. The weights stay the nn.Linear parameters below, so
+checkpoints do not depend on the backend.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GPT-2 (LayerNorm, learned positions, GELU MLP ×4, tied embeddings) with either plain multi-head
-attention (`attention: mha`, the baseline) or RA+MLA (`attention: ramla`, ../shared/DESIGN.md §3):
+attention (`attention: mha`, the baseline) or RA+MLA (`attention: ramla`, reciprocal + multi-head latent):
 
     Q = x W_q → [T, H, D];  K_lat = x W_kd,  V_lat = x W_vd → [T, L] (shared by all heads)
     ctx_h = softmax(q_lat K_latᵀ/√L + α · band(transposed scores)) V_lat W_vu[h];  y = concat_h(ctx) W_o

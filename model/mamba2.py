@@ -1,13 +1,14 @@
-"""Mamba-2 (Dao & Gu, ICML 2024), as ../shared/DESIGN.md §3 defines it; blocks have no MLP by default.
+"""Mamba-2 (Dao & Gu, ICML 2024); blocks have no MLP by default.
 
     z, xBC, dt = x W_in;  xBC = SiLU(conv4(xBC));  x, B, C = split(xBC)
     dt = softplus(dt + dt_bias),  A = −exp(A_log)
     h_t = exp(dt_t A) h_{t-1} + dt_t B_tᵀ x_t,   y_t = C_t h_t + D ⊙ x_t
     out = RMSNorm(y ⊙ silu(z)) W_out
 
-The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`
-(issue [H]): the input side (in_proj, the short conv, dt) is `mamba2_proj_in` (ops/mamba2_proj_in/), the
-output side (gate, norm, W_out and the block's residual add) is `proj_out` with gate_first (ops/proj_out/).
+The projection chain is two layer-level ops, both fused by the `proj` component of `--backend fused`:
+the input side (in_proj, the short conv, dt) is the `mamba2_proj_in` op, the output side (gate, norm,
+W_out and the block's residual add) the `proj_out` op with gate_first. The weights stay the modules
+below, so checkpoints do not depend on the backend.
 """
 from __future__ import annotations
 
