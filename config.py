@@ -185,7 +185,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optim.beta1": _UNIT, "optim.beta2": _UNIT, "optim.eps": _at_least(0, strict=True),
     "optim.grad_clip": _at_least(0),
     "model.vocab_size": _at_least(1), "model.d_model": _at_least(1), "model.n_layers": _at_least(1),
-    "model.n_heads": _at_least(1),
+    "model.n_heads": _at_least(1), "model.chunk_size": _at_least(1),
 }
 
 

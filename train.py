@@ -34,7 +34,6 @@ from config import Config, ConfigError, load_config, parser_flags, save_config, 
 from data.prepare import prepare_split
 from data.sampler import BatchSampler, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
-from ops import variant_notes
 from utils.checkpoint import (latest_checkpoint, load_checkpoint, read_state, resolve_checkpoint, save_checkpoint,
                               supersede_after)
 from utils.cli import run_cli
@@ -258,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
     n_params = model.num_params()
     flops_tok = model.flops_per_token(cfg.data.seq_len)
     backends = model.backends()
+    compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    plans = model.kernel_plans(tc.micro_batch_size, cfg.data.seq_len, compute_dtype, device)
     model, optimizer = accelerator.prepare(model, optimizer)
     sampler = BatchSampler(train_store, cfg.data.seq_len, tc.micro_batch_size, tc.grad_accum,
                            accelerator.num_processes, accelerator.process_index, tc.seed)
@@ -284,8 +285,8 @@ def main(argv: list[str] | None = None) -> dict:
     log(f"{cfg.model.family}: {n_params / 1e6:.2f}M params, layers' ops: {', '.join(per_layer)} "
         f"(x{cfg.model.n_layers}); {accelerator.num_processes} process(es) on {device}, precision {precision}; "
         f"{tokens_per_step:,} tokens/step")
-    for note in variant_notes([(o, b) for _, o, b in backends], device):
-        log(f"kernel variant: {note}")
+    for plan in plans:
+        log(f"kernel plan: {plan}")
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:

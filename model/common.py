@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from model.config import ModelConfig, ModelConfigError
 from ops.loss.linear_cross_entropy import linear_cross_entropy
-from ops import BackendError, fused_label, get_op, parse_fuse
+from ops import BackendError, fused_label, get_op, kernel_plan, parse_fuse
 from ops.proj.short_conv import short_conv_ref
 
 
@@ -91,7 +91,7 @@ def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Calla
         raise BackendError(f"op {op!r} ({cfg.family}): the fused 'proj' component (the projection chain) is "
                            "not implemented for this family (GLA, Gated DeltaNet and Mamba-2 have it); "
                            "drop it from --fuse")
-    return get_op(op, cfg.backend, fuse), fused_label(op, cfg.backend, fuse)
+    return get_op(op, cfg.backend, fuse, cfg.chunk_size), fused_label(op, cfg.backend, fuse)
 
 
 def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
@@ -179,6 +179,18 @@ class CausalLM(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return logits, loss
+
+    def kernel_plans(self, batch: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> list[str]:
+        """What each op of a layer launches for micro-batches of `batch` × `seq_len` in `dtype` on `device`, for the
+        run log: one line per op whose backend describes its plan (every layer has the same ops and shapes)."""
+        mixer = self.blocks[0].mixer
+        labels = getattr(mixer, "resolved_ops", {})
+        plans = []
+        for op, (fn, dims) in mixer.op_dims(batch, seq_len, dtype).items():
+            plan = kernel_plan(fn, device, **dims)
+            if plan is not None:
+                plans.append(f"{op} ({labels.get(op, 'naive')}): {plan}")
+        return plans
 
     def backends(self) -> list[tuple[int, str, str]]:
         """(layer, op, backend) for every op every layer resolved, for the run log."""

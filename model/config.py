@@ -22,6 +22,8 @@ class ModelConfig:
     head_k_dim: int = 64               # K per head (GLA, Gated DeltaNet); GPT-2: head dim = d_model / n_heads
     head_v_dim: int = 64               # V per head (GLA, Gated DeltaNet)
     mlp_hidden: int = 0                # 0 → the family's default (SwiGLU 8d/3 rounded to 256; GPT-2 4d; Mamba-2 none)
+    chunk_size: int = 64               # C of the chunkwise ops (GLA, Gated DeltaNet, Mamba-2's SSD); every backend
+    #                                    of them receives it, and one that cannot run it is refused at start-up
     norm_eps: float = 1e-6
     init_std: float = 0.02
     tie_embeddings: bool = True

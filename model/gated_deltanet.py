@@ -23,7 +23,7 @@ class GatedDeltaNetMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         d, H, K, V = cfg.d_model, cfg.n_heads, cfg.head_k_dim, cfg.head_v_dim
-        self.H, self.K, self.V = H, K, V
+        self.H, self.K, self.V, self.chunk_size = H, K, V, cfg.chunk_size
         self.q_proj = nn.Linear(d, H * K, bias=False)
         self.k_proj = nn.Linear(d, H * K, bias=False)
         self.v_proj = nn.Linear(d, H * V, bias=False)
@@ -51,14 +51,22 @@ class GatedDeltaNetMixer(nn.Module):
             x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.r_proj.weight, self.b_proj.weight,
             self.a_proj.weight, self.q_conv.conv.weight, self.k_conv.conv.weight, self.v_conv.conv.weight,
             self.A_log, self.dt_bias, self.H)                  # q, k [B, T, H, K]; v [B, T, H, V]; g, β fp32 [B, T, H]
-        o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5)     # [B, T, H, V]
+        o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5, chunk_size=self.chunk_size)  # [B, T, H, V]
         return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
-    def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
+    def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
+        """(op function, the dims it is called with) per op, for the run log's kernel plans."""
+        H, K, V, M = self.H, self.K, self.V, batch * seq_len
+        return {"gated_delta": (self.gated_delta, dict(B=batch, T=seq_len, H=H, K=K, V=V,
+                                                       chunk_size=self.chunk_size, dtype=dtype)),
+                "gdn_proj_in": (self.proj_in, dict(M=M, H=H, K=K, V=V, dtype=dtype)),
+                "proj_out": (self.proj_out, dict(M=M, H=H, V=V, d=self.o_proj.out_features, dtype=dtype))}
+
+    def flops_per_token(self, seq_len: int) -> float:
         """Chunkwise form beyond the projections, fwd + bwd (3× fwd), per head: Q Kᵀ and K Kᵀ
         (2·C·K each), the UT solve (C²/3), W and U (2·C·(K + V)), A·U (2·C·V), and the state
         terms W S, q S, the update (2·K·V each)."""
-        C, K, V = min(chunk, seq_len), self.K, self.V
+        C, K, V = min(self.chunk_size, seq_len), self.K, self.V
         return 3.0 * self.H * (4 * C * K + C * C / 3 + 2 * C * (K + V) + 2 * C * V + 6 * K * V)
 
 

@@ -22,7 +22,7 @@ class GLAMixer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         d, H, K, V = cfg.d_model, cfg.n_heads, cfg.head_k_dim, cfg.head_v_dim
-        self.H, self.K, self.V, self.normalizer = H, K, V, cfg.gate_normalizer
+        self.H, self.K, self.V, self.normalizer, self.chunk_size = H, K, V, cfg.gate_normalizer, cfg.chunk_size
         self.q_proj = nn.Linear(d, H * K, bias=False)
         self.k_proj = nn.Linear(d, H * K, bias=False)
         self.v_proj = nn.Linear(d, H * V, bias=False)
@@ -40,13 +40,21 @@ class GLAMixer(nn.Module):
         q, k, v, gk, r = self.proj_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
                                       self.r_proj.weight, self.gk_down.weight, self.gk_up.weight, self.gk_up.bias,
                                       self.H, self.normalizer)              # [B, T, H, K|V]; gk fp32; r [B, T, H·V]
-        o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5)                  # [B, T, H, V]
+        o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5, chunk_size=self.chunk_size)   # [B, T, H, V]
         return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
-    def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
+    def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
+        """(op function, the dims it is called with) per op, for the run log's kernel plans."""
+        H, K, V, M, d = self.H, self.K, self.V, batch * seq_len, self.o_proj.out_features
+        return {"gla": (self.gla, dict(B=batch, T=seq_len, H=H, K=K, V=V, chunk_size=self.chunk_size, dtype=dtype)),
+                "proj_in": (self.proj_in, dict(M=M, d=d, HK=H * K, HV=H * V, L=self.gk_down.out_features,
+                                               dtype=dtype)),
+                "proj_out": (self.proj_out, dict(M=M, H=H, V=V, d=d, dtype=dtype))}
+
+    def flops_per_token(self, seq_len: int) -> float:
         """Mixer FLOPs beyond the projections, fwd + bwd (3× fwd), chunkwise form: per head the
         C×K scores, C×V scores·values, and q·S plus the state update (2·K·V each)."""
-        C = min(chunk, seq_len)
+        C = min(self.chunk_size, seq_len)
         return 3.0 * self.H * 2 * (C * self.K + C * self.V + 2 * self.K * self.V)
 
 

@@ -47,6 +47,10 @@ class MHA(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.H, self.D).unbind(2)       # [B, T, H, D] each
         return self.proj(self.attention(q, k, v, causal=True).reshape(B, T, d))
 
+    def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
+        """(op function, the dims it is called with), for the run log's kernel plans."""
+        return {"attention": (self.attention, dict(B=batch, T=seq_len, H=self.H, D=self.D, dtype=dtype))}
+
     def flops_per_token(self, seq_len: int) -> float:
         """Causal QKᵀ and PV, fwd + bwd: 3 · 2 · 2 · H · D · T / 2."""
         return 6.0 * self.H * self.D * seq_len
@@ -84,6 +88,11 @@ class RAMLA(nn.Module):
         q = self.q_proj(x).view(B, T, self.H, self.D)
         ctx = self.ramla(q, self.kd_proj(x), self.vd_proj(x), self.w_ql, self.w_vu, self.alpha, self.W)
         return self.proj(ctx.reshape(B, T, d))
+
+    def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
+        """(op function, the dims it is called with), for the run log's kernel plans."""
+        return {"ramla": (self.ramla, dict(B=batch, T=seq_len, H=self.H, L=self.L, W=self.W,
+                                           plain=self.alpha is None, dtype=dtype))}
 
     def flops_per_token(self, seq_len: int) -> float:
         """Causal latent scores and P·V_lat (T·L each per head; the reciprocal band reuses the

@@ -26,7 +26,7 @@ class Mamba2Mixer(nn.Module):
         if d_inner % cfg.ssm_head_dim:
             raise ModelConfigError(f"mamba2: d_inner {d_inner} is not a multiple of ssm_head_dim {cfg.ssm_head_dim}")
         self.d_inner, self.P, self.N, self.G = d_inner, cfg.ssm_head_dim, cfg.ssm_state, cfg.ssm_groups
-        self.H = d_inner // self.P
+        self.H, self.chunk_size = d_inner // self.P, cfg.chunk_size
         conv_dim = d_inner + 2 * self.G * self.N
         self.in_proj = nn.Linear(cfg.d_model, d_inner + conv_dim + self.H, bias=False)   # [z | xBC | dt]
         self.conv = ShortConv(conv_dim, cfg.conv_size, bias=True)
@@ -51,13 +51,22 @@ class Mamba2Mixer(nn.Module):
                                         self.dt_bias, self.d_inner, self.G * self.N)    # dt [B, T, H] fp32
         x = x.view(Bsz, T, self.H, self.P)
         y, _ = self.ssd(x, dt, -self.A_log.float().exp(), Bm.view(Bsz, T, self.G, self.N),
-                        Cm.view(Bsz, T, self.G, self.N))                     # [B, T, H, P]
+                        Cm.view(Bsz, T, self.G, self.N), chunk_size=self.chunk_size)      # [B, T, H, P]
         y = (y + self.D[:, None] * x).reshape(Bsz, T, 1, self.d_inner)      # one "head": the norm spans d_inner
         return self.proj_out(y, z, self.norm.weight, self.out_proj.weight, residual, self.norm.eps, gate_first=True)
 
-    def flops_per_token(self, seq_len: int, chunk: int = 64) -> float:
+    def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
+        """(op function, the dims it is called with) per op, for the run log's kernel plans."""
+        M = batch * seq_len
+        return {"ssd": (self.ssd, dict(B=batch, T=seq_len, H=self.H, N=self.N, P=self.P, G=self.G,
+                                       chunk_size=self.chunk_size, dtype=dtype)),
+                "mamba2_proj_in": (self.proj_in, dict(M=M, channels=self.conv.conv.in_channels, dtype=dtype)),
+                "proj_out": (self.proj_out, dict(M=M, H=1, V=self.d_inner, d=self.out_proj.out_features,
+                                                 dtype=dtype))}
+
+    def flops_per_token(self, seq_len: int) -> float:
         """SSD as scalar-decay GLA (K = N, V = P), fwd + bwd (3× fwd), per head."""
-        C = min(chunk, seq_len)
+        C = min(self.chunk_size, seq_len)
         return 3.0 * self.H * 2 * (C * self.N + C * self.P + 2 * self.N * self.P)
 
 

@@ -1,15 +1,17 @@
 """The backend registry: every op is `ops/<op>/<backend>.py` exposing a function named `<op>`.
 
-    gla = get_op("gla", "naive")     # resolve once, outside forward
-    o, final_state = gla(q, k, v, gk)
+    gla = get_op("gla", "naive", chunk_size=64)     # resolve once, outside forward
+    o, final_state = gla(q, k, v, gk, chunk_size=64)
 
 All backends of an op share one signature (tests/ops/test_registry.py checks it). A backend that is
 missing or cannot run here raises BackendError naming the op, the backend and the remedy; there
 is never a silent fallback to another backend.
 
-The `fused` backend is built from components (DESIGN §4) that `--fuse` switches one by one for
-ablations: `get_op(op, "fused", fuse={"chunk"})`. A fused op module lists the components it has in
-COMPONENTS and builds the op for a subset with build(fuse); asking for one it lacks is an error.
+A backend function may declare, with `@backend_fn`, the chunk sizes it runs (the chunkwise ops: get_op refuses
+any other at start-up) and a `plan(device, **dims) -> str` that says which kernels it launches at the model's
+shapes (train.py logs it). The `fused` backend is built from components that `--fuse` switches one by one for
+ablations: `get_op(op, "fused", fuse={"chunk"})`. A fused op module lists the components it has in COMPONENTS
+and builds the op for a subset with build(fuse); asking for one it lacks is an error.
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from ops.interpreter import backport_scalar_index
 # Registered by name, not discovered: an op folder also holds kernel modules (kernels.py, far.py, ...).
 # tests/ops/test_registry.py fails on a module that implements an op but is missing here.
 BACKENDS = ("naive", "chunk", "fused", "fla")
-# DESIGN §4. `proj` is the layer-level ops ops/proj_* (issue [H]) that a mixer resolves beside its own op
-# (model.common.resolve_proj), so a mixer op is never asked for it; `state` and `chunk` live in the mixer ops.
+# `proj` is the layer-level projection-chain ops that a mixer resolves beside its own op (model.common.resolve_proj),
+# so a mixer op is never asked for it; `state` and `chunk` live in the mixer ops.
 FUSE_COMPONENTS = ("proj", "state", "chunk")
 _ROOT = Path(__file__).parent
 backport_scalar_index()    # before any kernel runs under TRITON_INTERPRET=1 on Triton 3.6
@@ -34,6 +36,24 @@ backport_scalar_index()    # before any kernel runs under TRITON_INTERPRET=1 on 
 
 class BackendError(UserError, RuntimeError):
     pass
+
+
+def backend_fn(*, chunk_sizes: tuple[int, ...] | None = None,
+               plan: Callable[..., str] | None = None) -> Callable[[Callable], Callable]:
+    """Mark a backend's op function with what the registry and the run log read from it: `chunk_sizes`, the chunk
+    sizes it runs (chunkwise ops), and `plan(device, **dims) -> str`, the kernels it launches at those dims."""
+    def mark(fn: Callable) -> Callable:
+        fn.chunk_sizes, fn.plan = chunk_sizes, plan
+        return fn
+    return mark
+
+
+def check_chunk_size(op: str, backend: str, chunk_size: int, sizes: tuple[int, ...]) -> None:
+    """The BackendError for a chunk size the backend does not run, naming the sizes it does."""
+    if chunk_size not in sizes:
+        raise BackendError(f"op {op!r}, backend {backend!r}: chunk size {chunk_size} is not supported; it runs chunk "
+                           f"sizes {', '.join(map(str, sizes))}. Set --model.chunk_size to one of them, or choose "
+                           "another --backend")
 
 
 def list_ops() -> list[str]:
@@ -56,9 +76,18 @@ def parse_fuse(spec: str | None) -> frozenset[str] | None:
     return names
 
 
-def get_op(op: str, backend: str, fuse: frozenset[str] | None = None) -> Callable:
+def get_op(op: str, backend: str, fuse: frozenset[str] | None = None, chunk_size: int | None = None) -> Callable:
     """The function implementing `op` on `backend`, after checking it can run on this machine.
-    fuse (backend `fused` only): the components to fuse, None for all that the op has."""
+    fuse (backend `fused` only): the components to fuse, None for all that the op has.
+    chunk_size: checked against the function's chunk_sizes (chunkwise ops; ignored by the others)."""
+    fn = _resolve(op, backend, fuse)
+    sizes = getattr(fn, "chunk_sizes", None)
+    if chunk_size is not None and sizes is not None:
+        check_chunk_size(op, fused_label(op, backend, fuse), chunk_size, sizes)
+    return fn
+
+
+def _resolve(op: str, backend: str, fuse: frozenset[str] | None) -> Callable:
     if op not in list_ops():
         raise BackendError(f"unknown op {op!r}; ops: {', '.join(list_ops())}")
     if backend not in BACKENDS:
@@ -97,16 +126,10 @@ def fused_label(op: str, backend: str, fuse: frozenset[str] | None) -> str:
     return f"fused[{','.join(c for c in have if fuse is None or c in fuse)}]"
 
 
-def variant_notes(resolved: list[tuple[str, str]], device) -> list[str]:
-    """What each resolved (op, backend label) runs on `device` where its module picks a kernel per architecture
-    (DESIGN §5: explicit and logged): the notes of modules defining `variant(device) -> str`, once per op."""
-    notes = []
-    for op, label in dict.fromkeys(resolved):
-        backend = label.split("[")[0]
-        module = importlib.import_module(f"ops.{op}.{backend}")
-        if hasattr(module, "variant"):
-            notes.append(f"{op} ({label}): {module.variant(device)}")
-    return notes
+def kernel_plan(fn: Callable, device, **dims) -> str | None:
+    """What `fn` (an op function get_op returned) launches at `dims` on `device`, or None where it says nothing."""
+    plan = getattr(fn, "plan", None)
+    return plan(device, **dims) if plan is not None else None
 
 
 def split_backends(spec: str) -> list[str]:

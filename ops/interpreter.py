@@ -1,11 +1,10 @@
-"""Triton's CPU interpreter (TRITON_INTERPRET=1: CI, the CPU tests, scripts/check_sm80.py) on Triton ≤ 3.6 with
+"""Triton's CPU interpreter (TRITON_INTERPRET=1: the CPU tests, the sm80 compile check) on Triton ≤ 3.6 with
 numpy ≥ 2.5.
 
 Triton 3.6's interpreter turns a scalar into an index with int() of its 1-element array, which numpy 2.5 refuses
-("only 0-dimensional arrays can be converted to Python scalars"). Every kernel whose loop is bounded by a program id
-failed with it on the H100 machine's image (torch 2.11, which pins Triton 3.6.0, with numpy 2.5.2), where a CPU run
-of the tests or check_sm80's capture uses the interpreter. Triton 3.7 squeezes the array first; on older versions
-`backport_scalar_index` makes the same one-line change, and on 3.7 and later it does nothing.
+("only 0-dimensional arrays can be converted to Python scalars"), so every kernel whose loop is bounded by a program
+id fails under torch 2.11 (which pins Triton 3.6) with a current numpy. Triton 3.7 squeezes the array first; on
+older versions `backport_scalar_index` makes the same one-line change, and on 3.7 and later it does nothing.
 """
 from __future__ import annotations
 

@@ -1,26 +1,25 @@
-"""Where chunked linear attention overtakes softmax attention: the token mixers of the 125M configs over T.
+"""Where does chunked linear attention overtake softmax attention? The 125M configs' token mixers over T.
 
     python scripts/bench_crossover.py                          # T = 512 … 16384 at 16,384 tokens per call
     python scripts/bench_crossover.py --lengths 1024,4096 --backends fused,fla
 
-fla's kernels autotune at first use: minutes per op on the H100 (about four for GLA's forward and backward), so
-a run that includes the fla backend spends that long before its first fla row.
-
-DESIGN §5: at WikiText-103 block sizes (T = 1–2 k) softmax attention with FlashAttention is faster than chunked
-linear attention, with the crossover near 2–4 k tokens, and that is to be reported, not tuned away. Every row is
-one layer's mixer op at the same number of tokens per call (B = tokens / T), so a linear op's work stays the same
-while softmax attention's grows with T (at large T the linear ops' B·H programs may no longer fill the GPU, which
-shows in their times). The 125M configs all have d = 768:
+At WikiText-103's block sizes (T = 1–2 k) softmax attention with FlashAttention is expected to be the faster
+mixer, with the crossover near 2–4 k tokens; that is reported, not tuned away. Every row is one layer's mixer op
+at the same number of tokens per call (B = tokens / T), so a linear op's work stays the same while softmax
+attention's grows with T (at large T the linear ops' B·H programs may no longer fill the GPU, which shows in
+their times). The 125M configs all have d = 768:
 
     attention    gpt2_124m    H12 D64              SDPA as the model calls it; SDPA held to FlashAttention-2
     gla          gla_125m     H12 K = V = 64
     gated_delta  gdn_125m     H6  K = V = 128
     ssd          mamba2_130m  H24 P64 N128 G1
 
-Only the mixer is timed: the projections around it differ by family, not by T. Each linear backend is checked
-against naive before it is timed (bench_kernels.run_case, which times naive too), and FlashAttention-2 against
-SDPA's default. Times are do_bench medians, forward and forward+backward, bf16. Writes
-bench/results/<date>-<device>-crossover.{md,json,png}, after every length so that a cut-off run keeps what it
+Only the mixer is timed: the projections around it differ by family, not by T. Each linear backend goes through
+scripts/bench_ops.py's runner (inputs from the op's builder, checked against the fp32 naive oracle before it is
+timed, naive timed too), and FlashAttention-2 is checked against SDPA's default. Times are bench_ms medians
+(utils/timing.py), forward and forward+backward, bf16. fla's kernels autotune at first use: minutes per op on
+the H100, so a run with the fla backend spends that long before its first fla row. Writes
+<out>/crossover.{md,json,png} (default out runs/bench), after every length so that a cut-off run keeps what it
 measured.
 """
 from __future__ import annotations
@@ -37,24 +36,28 @@ if __package__ in (None, ""):
 import torch
 
 from ops import BACKENDS, BackendError, get_op, list_backends
-from scripts.bench_kernels import (TOLERANCE, enable_fla_backward_timing, environment, errors_against, gdn_case,
-                                   gla_case, run_case, ssd_case, time_fwd_bwd)
+from scripts.bench_ops import DEFAULT_OUT, Case, Options, environment, force_fla_backward, rel_err, run_case
+from utils.timing import bench_ms
 
-LINEAR = {"gla": lambda B, T: gla_case("gla_125m", B=B, T=T, H=12, K=64, V=64),
-          "gated_delta": lambda B, T: gdn_case("gdn_125m", B=B, T=T, H=6, K=128, V=128),
-          "ssd": lambda B, T: ssd_case("mamba2_130m", B=B, T=T, H=24, P=64, G=1, N=128)}
+LINEAR = {"gla": lambda B, T: Case("gla", "gla_125m", dict(B=B, T=T, H=12, K=64, V=64)),
+          "gated_delta": lambda B, T: Case("gated_delta", "gdn_125m", dict(B=B, T=T, H=6, K=128, V=128)),
+          "ssd": lambda B, T: Case("ssd", "mamba2_130m", dict(B=B, T=T, H=24, P=64, G=1, N=128))}
 ATTENTION = ("sdpa", "sdpa-fa2")    # SDPA's default choice (cuDNN on the H100), and FlashAttention-2 alone
 BASELINE = "sdpa"
+TOLERANCE = 5e-3                    # FlashAttention-2 against SDPA's default, output and every gradient (bf16)
 
 
 def attention_rows(B: int, T: int, H: int = 12, D: int = 64) -> list[dict]:
-    """gpt2_124m's attention op ([B, T, H, D], causal), as SDPA picks its kernel and held to FlashAttention-2."""
+    """gpt2_124m's attention op ([B, T, H, D], causal, inputs from its builder), as SDPA picks its kernel and
+    held to FlashAttention-2, which is checked against the first."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from ops.attention.naive import make_inputs
+
     attention = get_op("attention", "naive")
-    g = torch.Generator(device="cuda").manual_seed(T)
-    args = [torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(3)]
-    do = torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16()
+    kw = make_inputs(dict(B=B, T=T, H=H, D=D), torch.bfloat16, "cuda", seed=T)
+    args = [kw["q"], kw["k"], kw["v"]]
+    do = torch.randn(B, T, H, D, device="cuda", generator=torch.Generator("cuda").manual_seed(T + 1)).bfloat16()
     rows, ref = [], None
     for variant in ATTENTION:
         def fn():
@@ -71,18 +74,26 @@ def attention_rows(B: int, T: int, H: int = 12, D: int = 64) -> list[dict]:
             continue
         grads = torch.autograd.grad(out, args, do)
         if ref is None:
-            ref, row["check"] = {"out": out.float(), "grads": [t.float() for t in grads]}, "SDPA's default"
+            ref, row["check"] = [out.float(), *(t.float() for t in grads)], "SDPA's default"
         else:
-            errs = errors_against(out, grads, ref)
+            errs = [rel_err(a, b) for a, b in zip([out, *grads], ref)]
             row["max_rel_err"] = max(errs)
             if not all(e <= TOLERANCE for e in errs):             # NaN fails too
-                rows.append({**row, "status": "FAIL", "errs": errs})
+                rows.append({**row, "status": "FAIL", "check": "FAIL: errors " + ", ".join(f"{e:.1e}" for e in errs)})
                 continue
             row["check"] = f"ok ({max(errs):.1e} vs SDPA)"
         del out, grads
-        row["fwd_ms"], row["fwdbwd_ms"] = time_fwd_bwd(fn, args, do)
+        row["fwd_ms"] = bench_ms(fn)
+        row["fwdbwd_ms"] = bench_ms(lambda: torch.autograd.grad(fn(), args, do))
         rows.append({**row, "status": "ok"})
     return rows
+
+
+def linear_rows(op: str, B: int, T: int, backends: list[str]) -> list[dict]:
+    """The linear op's rows at (B, T): naive and each chosen backend, checked then timed by bench_ops' runner."""
+    chosen = ["naive", *(b for b in list_backends(op) if b != "naive" and (not backends or b in backends))]
+    opts = Options(chosen, [], [], torch.bfloat16)
+    return [{**r, "backend": r["variant"]} for r in run_case(LINEAR[op](B, T), opts, torch.device("cuda"))]
 
 
 def crossover(lengths: list[int], mine: list[float], base: list[float]) -> str:
@@ -141,8 +152,8 @@ def to_markdown(rows: list[dict], lengths: list[int], tokens: int, env: dict, co
                           for (op, b), e in errs.items()) + " (the bound is 5e-3).", ""]
     unavailable = {(r["op"], r["backend"]): r["why"] for r in rows if r["status"] == "n/a"}   # once, not per T
     lines += [f"- {op}/{backend}: n/a, {why}" for (op, backend), why in unavailable.items()]
-    lines += [f"- {r['op']}/{r['backend']} at T {r['dims']['T']}: FAIL, errors "
-              + ", ".join(f"{e:.1e}" for e in r["errs"]) for r in rows if r["status"] == "FAIL"]
+    lines += [f"- {r['op']}/{r['backend']} at T {r['dims']['T']}: {r.get('check') or 'FAIL'}"
+              for r in rows if r["status"] == "FAIL"]
     lines += ["", f"(x×): {BASELINE}'s time ÷ this row's, so above 1 the linear op is faster. Each crossover is "
               "interpolated between the two measured lengths that bracket it (the log of the time ratio linear in "
               "log T); "
@@ -176,7 +187,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--tokens", type=int, default=16384, help="B·T per call; every T must divide it")
     p.add_argument("--ops", default=",".join(LINEAR), help="comma-separated linear ops")
     p.add_argument("--backends", default="", help="linear ops' backends besides naive (default: all)")
-    p.add_argument("--out", default="bench/results", help="folder for the .md/.json/.png")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for crossover.{{md,json,png}} (default "
+                   f"{DEFAULT_OUT})")
     args = p.parse_args(argv)
     try:
         lengths = sorted({int(t) for t in args.lengths.split(",")})
@@ -193,9 +205,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not torch.cuda.is_available():
         sys.exit("error: the crossover benchmark times GPU kernels; run it on a CUDA machine")
     with_fla = not args.backends or "fla" in args.backends.split(",")
-    notes = [n for n in [enable_fla_backward_timing() if with_fla else None] if n]
-    env = environment()
-    stem = Path(args.out) / f"{env['date']}-{env['device'].replace(' ', '_')}-crossover"
+    notes = [n for n in [force_fla_backward() if with_fla else None] if n]
+    env = environment(torch.device("cuda"))
+    env["device"] = env.get("gpu")
+    stem = args.out / "crossover"
     stem.parent.mkdir(parents=True, exist_ok=True)
     command = ("python scripts/bench_crossover.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     rows: list[dict] = []
@@ -204,21 +217,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print(f"T {row['dims']['T']:>6} {row['op']:>11} {row['backend']:<8} {row['status']:<4} "
               + (f"fwd {row['fwd_ms']:.3f}  fwd+bwd {row['fwdbwd_ms']:.3f} ms" if row["status"] == "ok"
-                 else str(row.get("why", row.get("errs", "")))), flush=True)
+                 else str(row.get("why") or row.get("check", ""))), flush=True)
 
     for T in lengths:
         B = args.tokens // T
         for row in attention_rows(B, T):
             record(row)
         for op in args.ops.split(","):
-            case = LINEAR[op](B, T)
-            ref_row = run_case(case, "naive", None, "cuda")
-            ref = ref_row.pop("ref", None)
-            record(ref_row)
-            for b in list_backends(op):
-                if b != "naive" and (not args.backends or b in args.backends.split(",")):
-                    record(run_case(case, b, ref, "cuda"))
-            del ref
+            for row in linear_rows(op, B, T, args.backends.split(",") if args.backends else []):
+                record(row)
         torch.cuda.empty_cache()
         write_results(rows, lengths, args.tokens, env, command, notes, stem)
     print(stem.with_suffix(".md").read_text())

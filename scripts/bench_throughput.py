@@ -1,4 +1,4 @@
-"""End-to-end training throughput per model and backend: tokens/s, peak memory, time to first step.
+"""How many tokens/s does each backend train my model at? Whole training steps per config and backend.
 
     python scripts/bench_throughput.py --configs gla_125m,gla_340m --backends naive,chunk,fla
     python scripts/bench_throughput.py --configs gla_125m --backends "chunk,fused[state],fused[chunk,state]"
@@ -7,10 +7,10 @@
 Every row is whole training steps (forward, backward, fused AdamW) on the same random batch, bf16
 autocast on a GPU, measured in its own process so that every row starts alike: the time from launch
 to the first finished step (compilation and autotuning included), then --warmup steps, then --steps
-timed steps (CUDA events). The peer row of each config is the reference implementation at the same
-size: flash-linear-attention's own model class (GLA, Gated DeltaNet, Mamba-2) or transformers'
-GPT2LMHeadModel with SDPA. A row that cannot run (no fla, out of memory, time limit) says why.
-Writes bench/results/<date>-<device>-throughput.{md,json,png}.
+timed steps, their wall time between two synchronizations (utils/timing.py step_seconds). The peer row of
+each config is the reference implementation at the same size: flash-linear-attention's own model class (GLA,
+Gated DeltaNet, Mamba-2) or transformers' GPT2LMHeadModel with SDPA. A row that cannot run (no fla, out of
+memory, time limit) says why. Writes <out>/throughput.{md,json,png} (default out runs/bench).
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ if __package__ in (None, ""):
 import torch
 
 from ops import parse_backend, split_backends
+from scripts.bench_ops import DEFAULT_OUT, force_fla_backward
+from utils.timing import step_seconds, sync
 
 REPO = Path(__file__).resolve().parents[1]
 PEER = "peer"
@@ -64,21 +66,6 @@ def peer_model(cfg) -> torch.nn.Module:
     raise ValueError(f"no peer model for family {cfg.family!r}")
 
 
-def force_fla_backward() -> str | None:
-    """fla 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its #640; ../shared/GPU.md): force it
-    on so that fla's training step can be timed there, and say that its numbers are timing-only."""
-    try:
-        import fla.ops.chunkwise.output as chunk_o
-    except ImportError:
-        return None
-    if getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) or not getattr(chunk_o, "IS_NVIDIA_HOPPER", False):
-        return None
-    import triton
-
-    chunk_o.TRITON_ABOVE_3_7_1 = True
-    return f"timing-only (fla backward forced on Triton {'.'.join(triton.__version__.split('.')[:2])})"
-
-
 def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int,
            logits: bool = False) -> dict:
     """One row, in this process: build, train warmup + steps steps, measure. logits: our models' loss through
@@ -109,19 +96,14 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
         return loss
 
     step()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    sync()
     first_step_s = time.time() - T_LAUNCH
-    for _ in range(warmup):
-        step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
+    loss = None
+
+    def timed_step():
+        nonlocal loss
         loss = step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t0
+    elapsed = step_seconds(timed_step, steps, warmup) * steps
     note = None
     if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
         note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
@@ -198,7 +180,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--row-timeout", type=int, default=1200, help="seconds per row (fla autotunes for minutes)")
     p.add_argument("--deadline", type=int, default=0,
                    help="seconds for the whole table (0: none); rows not started by then are marked skipped")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"folder for throughput.{{md,json,png}} (default "
+                   f"{DEFAULT_OUT})")
     p.add_argument("--logits", action="store_true",
                    help="our rows compute the loss through the whole logits (PyTorch's head + cross-entropy), as "
                         "before model/loss.py; for A/B runs of memory and speed")
@@ -212,7 +195,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     backends = split_backends(args.backends) + ([] if args.no_peer else [PEER])
     command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     env = environment()
-    stem = args.out / f"{env['date']}-{env['device'].replace(' ', '_')}-throughput"
+    stem = args.out / "throughput"
     stem.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for config in configs:

@@ -4,8 +4,8 @@
     python scripts/check_sm80.py --configs gla_340m --backends fused
     python scripts/check_sm80.py --compile-with /path/to/venv/bin/python    # compile with that venv's Triton
 
-DESIGN §5: users also train on 8×A100, so every Triton kernel must run on sm80 as well as sm90. No A100 has been
-available to us, and a kernel whose tiles need more shared memory than the A100's 163 KB per block (the H100 has
+Users also train on A100s, so every Triton kernel must run on sm80 as well as sm90. Where no A100 is at hand,
+a kernel whose tiles need more shared memory than the A100's 163 KB per block (the H100 has
 227 KB) fails there at its first launch. This script finds those launches on a CPU:
 
 1. capture (a subprocess under TRITON_INTERPRET=1): each config's model, one layer, trains one step at B1 T64 in
@@ -21,8 +21,8 @@ What it does not show: that the kernels are right on sm80 (only running them the
 configs are chosen on the GPU, which skips any that do not fit; on a CPU they run one fixed config, compiled here),
 Hopper-only kernels (proj_in's TMA dx: the capture takes the A100's pointer kernel, so the sm90 column shows that
 one too; tests/ops/test_triton_lowering.py lowers the TMA kernel for sm90), and the WMMA CUDA kernel (nvcc; its
-shared memory is checked by ops.attention.fused.plan_split). Writes
-bench/results/<date>-sm80-compile.{md,json}.
+shared memory is checked by ops.attention.fused.plan_split). Writes <out>/sm80-compile.{md,json} (default out
+runs/bench).
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated config names (configs/*.yaml)")
     p.add_argument("--backends", default="chunk,fused", help="comma-separated backends")
-    p.add_argument("--out", default="bench/results", help="folder for the .md/.json")
+    p.add_argument("--out", default="runs/bench", help="folder for sm80-compile.{md,json} (default runs/bench)")
     p.add_argument("--compile-with", default=sys.executable, metavar="PYTHON",
                    help="the Python whose Triton compiles (e.g. a venv with the GPU machine's Triton version)")
     p.add_argument("--capture", nargs=2, metavar=("CONFIG", "BACKEND"), help=argparse.SUPPRESS)   # subprocesses
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     env = {"date": datetime.date.today().isoformat(), "triton": compiled["triton"],
            "triton_capture": triton.__version__, "torch": torch.__version__}
     command = ("python scripts/check_sm80.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    stem = Path(args.out) / f"{env['date']}-sm80-compile"
+    stem = Path(args.out) / "sm80-compile"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(to_markdown(rows, skipped, env, command))
     stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "skipped": skipped,

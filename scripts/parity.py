@@ -8,7 +8,7 @@ on the same data order for --steps steps, evaluating validation loss every --eva
 then scores the test split with eval/perplexity.py. The first backend listed is the reference.
 Reported per backend: the validation-loss difference to the reference at every evaluation, the
 mean train-loss difference over the last half of the run, the final test token/word perplexity, and
-pass/fail: |Δ val loss| ≤ --tolerance nats (default 0.01, DESIGN §5) at the last evaluation.
+pass/fail: |Δ val loss| ≤ --tolerance nats (default 0.01) at the last evaluation.
 
 --floor adds a run that measures how far two correct runs drift apart: the reference backend again,
 with half the micro-batch and twice the accumulation (the same rows per step, summed in another

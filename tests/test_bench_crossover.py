@@ -34,7 +34,8 @@ def test_report_gives_ratios_to_sdpa_crossovers_and_failures(tmp_path):
 
             + rows_for("attention", "sdpa-fa2", [1.2, 2.4, 4.8, 9.6], 1e-4)
             + rows_for("gla", "naive", [9.0, 9.0, 9.0, 9.0]) + rows_for("gla", "fused", [2.0, 2.0, 2.0, 2.0], 1e-3)
-            + [{"op": "gla", "backend": "fla", "dims": {"T": 512}, "status": "FAIL", "errs": [0.5, math.nan]}]
+            + [{"op": "gla", "backend": "fla", "dims": {"T": 512}, "status": "FAIL",
+                "check": "FAIL: o 5.0e-01 > 5.0e-03, dq nan > 5.0e-03"}]
             + [{"op": "ssd", "backend": "fla", "dims": {"T": T}, "status": "n/a", "why": "not installed"}
                for T in LENGTHS])
     env = {"date": "2026-11-25", "device": "X", "torch": "t", "triton": "tr", "fla": "f"}
@@ -44,7 +45,7 @@ def test_report_gives_ratios_to_sdpa_crossovers_and_failures(tmp_path):
     assert fused == ("| gla | fused | 2.000 (0.50×) | 2.000 (1.00×) | 2.000 (2.00×) | 2.000 (4.00×) | ≈ 1,024 "
                      "| ≈ 853 |")
     assert "| attention | sdpa | 1.000 | 2.000 | 4.000 | 8.000 |  |  |" in md
-    assert "- gla/fla at T 512: FAIL, errors 5.0e-01, nan" in md
+    assert "- gla/fla at T 512: FAIL: o 5.0e-01 > 5.0e-03, dq nan > 5.0e-03" in md
     assert md.count("ssd/fla: n/a, not installed") == 1
     assert "largest relative error over the lengths: attention/sdpa-fa2 4.0e-04 against SDPA; gla/fused 4.0e-03 " \
         "against naive (the bound" in md

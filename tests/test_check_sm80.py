@@ -25,9 +25,9 @@ def test_smoke_model_launches_compile_for_sm80_and_sm90(tmp_path):
             assert 0 < r[f"sm{cc}"]["shared"] <= LIMITS[cc] and r[f"sm{cc}"]["registers"] > 0, (cc, r)
     state = next(r for r in rows if r["kernel"] == "chunk_fwd_h_kernel")
     assert state["sm80"]["tiles"]["K"] == 32 and state["sm80"]["tiles"]["V"] == 64     # the smoke layer's head dims
-    md = next(tmp_path.glob("*-sm80-compile.md")).read_text()
+    md = (tmp_path / "sm80-compile.md").read_text()
     assert f"**{len(rows)} distinct launches; 0 exceed the A100's shared memory; 0 did not compile; 0 " in md
-    assert json.loads(next(tmp_path.glob("*-sm80-compile.json")).read_text())["rows"][0]["sm80"]["shared"] > 0
+    assert json.loads((tmp_path / "sm80-compile.json").read_text())["rows"][0]["sm80"]["shared"] > 0
 
 
 def test_a_launch_over_the_a100_limit_is_flagged():
@@ -55,8 +55,7 @@ def test_unknown_backend_is_refused_before_any_work(capsys):
 def test_gated_deltanet_launches_fit_the_a100(tmp_path):
     """The A100 guard for the launch with the least margin: Gated DeltaNet's state backward (delta_h_bwd_kernel,
     BK 128, 3 stages) needs 164,872 of the A100's 166,912 B under the H100 machine's Triton 3.6, and 148,488 B
-    under 3.9 (bench/results/2026-11-25-cpu-sm80-compile/). A change that grows it fails here, not on a user's
-    A100. About 80 s on a CPU."""
+    under 3.9. A change that grows it fails here, not on a user's A100. About 80 s on a CPU."""
     rows = main(["--configs", "gdn_125m", "--backends", "fused", "--out", str(tmp_path)])
     assert rows and not [r for r in rows if "error" in r]
     assert not [(r["kernel"], r["sm80"]["shared"]) for r in rows if r["sm80"]["shared"] > LIMITS[80]]

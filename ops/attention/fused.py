@@ -1,5 +1,5 @@
 """Softmax attention on the `fused` backend: a hand-written CUDA tensor-core (WMMA) flash-attention
-forward for the plain GPT-2's small-shape regime (issue [J]; the kernel: ops/attention/csrc/).
+forward for the plain GPT-2's small-shape regime (the kernel: ops/attention/csrc/).
 
 Built at first use with torch's C++-extension loader (cached under $CHUNKFUSE_EXT_DIR, default
 ~/.cache/chunkfuse/ext, so later processes load it without compiling); head dim 64, causal or not.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ops import BackendError
+from ops import BackendError, backend_fn
 
 COMPONENTS = ()                # one kernel; `--fuse` has nothing to choose here
 HEAD_DIMS = (64,)
@@ -134,6 +134,12 @@ def kernel_info(causal: bool = True, split: int = 1) -> dict:
             "blocks_per_sm": blocks, "warps_per_sm": blocks * threads // 32}
 
 
+def plan(device: torch.device, B: int, T: int, H: int, **_) -> str:
+    """The key split the kernel launches with at these dims (causal), for the run log."""
+    return f"WMMA flash-attention forward, 64-row query tiles, {plan_split(B, H, T, True)} key group(s) per block"
+
+
+@backend_fn(plan=plan)
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
               scale: float | None = None) -> torch.Tensor:
     """q, k, v: [B, T, H, 64] → o [B, T, H, 64] in q's dtype (computed in fp16 with fp32 accumulation)."""

@@ -29,3 +29,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=causal, scale=scale)
     return o.transpose(1, 2)
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True, causal: bool = True) -> dict:
+    """The keyword arguments of `attention` at shape {B, T, H, D}, shared by the tests and the benchmark:
+    q, k, v [B, T, H, D] drawn N(0, 1) in fp32 (fp64 for fp64) and rounded to dtype; causal. Drawn on `device`
+    from `seed`, or from a fresh seed when None; every tensor is a leaf, requiring grad if asked."""
+    B, T, H, D = (shape[n] for n in "BTHD")
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    out = {n: torch.randn(B, T, H, D, generator=g, device=device, dtype=acc).to(dtype).requires_grad_(requires_grad)
+           for n in ("q", "k", "v")}
+    return {**out, "causal": causal}

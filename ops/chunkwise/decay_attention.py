@@ -13,11 +13,13 @@ oracle accumulates b in fp64 and has no such term.
 from __future__ import annotations
 
 import torch
+import triton
 
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
 from ops.chunkwise.cumsum import chunk_cumsum
+from ops.triton_utils import tile
 
 CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -100,12 +102,24 @@ def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     """q, k: [B, T, H, K], or [B, T, G, K] shared by groups of H / G heads (head h reads group
     h // (H / G)); v: [B, T, H, V]; g: [B, T, H, K] or [B, T, H, 1] log-decays ≤ 0;
     initial_state: [B, H, K, V]. Returns o [B, T, H, V] (v's dtype) and the final state (fp32).
-    split_state: the `fused` backend's `state` component (chunk_h.py's split scan)."""
+    split_state: the `fused` backend's `state` component (state.py's split scan)."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     if q.shape[2] != k.shape[2] or v.shape[2] % q.shape[2]:
         raise ValueError(f"q and k need the same head count G dividing v's {v.shape[2]} heads; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}")
     return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state)
+
+
+def stages_plan(device: torch.device, B: int, T: int, H: int, K: int, V: int, chunk_size: int, split_state: bool,
+                scores: str = "intra-chunk scores", **_) -> str:
+    """The stages chunk_decay_attention launches at these dims, for the run log (`scores`: how the intra-chunk
+    scores are formed)."""
+    NT = triton.cdiv(T, chunk_size)
+    segments = split_segments(B, H, K, V, T, chunk_size, device) if split_state else 1
+    state = (f"state pass in {segments} ranges of {triton.cdiv(NT, segments)} chunks + carry fix-up" if segments > 1
+             else f"state pass sequential over {NT} chunks")
+    return (f"stages at C={chunk_size}: cumsum, {state}, {scores}, output; state tiles {tile(K)}x{tile(V)}; "
+            "backward through the same stages")
 
 
 def state_segments(k: torch.Tensor, v: torch.Tensor, chunk_size: int, split: bool) -> int:

@@ -1,4 +1,4 @@
-"""Output and its gradients, chunk by chunk, given the states (chunk_h.py) and A (chunk_intra.py).
+"""Output and its gradients, chunk by chunk, given the states (state.py) and A (intra.py).
 
     o    = scale · (q ⊙ exp(b)) h_n + A v
     dA   = do vᵀ on the causal chunk block
@@ -180,18 +180,15 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
 
 
-# Launch configs from `scripts/debug_chunk_stages.py --sweep` on the H100 (bench/results/2026-11-23-h100-chunk.md):
-# at the GLA-340M layer, 8 warps unpipelined took the output stage from 0.295 to 0.223 ms; at the MVE
-# shape every config was within 1%.
+# Launch configs, the best of a sweep on the H100: 8 warps unpipelined for the output stage (a quarter faster at the
+# GLA-340M layer, no worse at the small-head shape); 4 warps, 3 stages for the scalar-decay kernel that forms A
+# itself (every config's output bit-identical).
 O_LAUNCH = dict(num_warps=8, num_stages=1)
-# The scalar-decay kernel that forms A itself (chunk_fwd_o_scalar), from `scripts/debug_delta_stages.py`'s
-# sweep on the H100 (every config's output bit-identical): 4 warps, 3 stages took 0.186 → 0.145 ms at
-# B16 T2048 H16 K=V=64 and 0.121 → 0.100 ms at B8 T2048 H8 K=V=128 (bench/results/2026-11-23-h100-chunk-parity.md).
 O_SCALAR_LAUNCH = dict(num_warps=4, num_stages=3)
 
 
 def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int, **launch) -> torch.Tensor:
-    """o [B, T, H, V] from A [B, T, H, C] (chunk_intra.py). launch: num_warps / num_stages."""
+    """o [B, T, H, V] from A [B, T, H, C] (intra.py). launch: num_warps / num_stages."""
     return _fwd_o(q, q, v, b, h, A, scale, chunk_size, False, O_LAUNCH | launch)
 
 
@@ -217,10 +214,8 @@ def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch):
 def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
     B, T, H, V = v.shape
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
-    # num_stages=1: software-pipelined (num_stages 2 or 3), this loop came out wrong from Triton 3.6 on
-    # the H100 with bf16 operands and three or more V tiles: rel. error 0.9 with v transposed by
-    # tl.trans or loaded transposed, at 4 or 8 warps alike (fp32, and V ≤ 128, were right). Unpipelined
-    # or fully unrolled it is right at every V: bench/results/2026-11-22-h100-chunk.md.
+    # num_stages=1: software-pipelined (2 or 3 stages), Triton 3.6 miscompiles this loop on Hopper with bf16
+    # operands and three or more V tiles (relative error 0.9); unpipelined it is right at every V.
     chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v),
                                                              num_stages=1)
     return dA
@@ -240,12 +235,10 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
 def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4,
                   num_stages: int | None = None):
     """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
-    num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined (3 stages, Triton's
-    default), the scalar-decay kernel raced on the H100 at gdn_125m's layer (K = V = 128, two V tiles): about
-    one call in 600 gave different dk and db bits on identical inputs, and two identical bf16 trainings parted
-    (scripts/stress_dqkb.py; bench/results/2026-11-24-h100-gdn-determinism/). Unpipelined it never did. The
-    per-key kernel runs the same V loop; it keeps the default only because 9,000 pipelined calls at gla_340m's
-    layer (K128 V256) never differed."""
+    num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined, the scalar-decay
+    kernel races on the H100 at K = V = 128 with two V tiles (about one call in 600 gives different dk and db bits
+    on identical inputs); unpipelined it never does. The per-key kernel runs the same V loop and keeps the default:
+    thousands of pipelined calls at K128 V256 never differed."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = tile(K), tile(V)

@@ -10,7 +10,7 @@ dh_{n+1} are stored in the inputs' dtype, as flash-linear-attention stores h: ev
 them to a tensor-core dot in that dtype anyway, so bf16 storage loses nothing there and halves the
 traffic. Initial and final states stay fp32.
 
-Split (issue [G], the `fused` backend's `state` component): the recurrence is sequential over
+Split (the `fused` backend's `state` component): the recurrence is sequential over
 chunks, so it launches only (K/BK)·(V/BV)·B·H programs: 16 on the H100's 132 SMs at B1 H4 K=V=128.
 With `segments` = S > 1 each program takes one of S contiguous chunk ranges, starts it from zero
 and also writes the range's end state E_s and total log-decay Λ_s; state_fixup_kernel then adds each
@@ -18,9 +18,8 @@ range's missing carry, H_s = exp(Λ_{s−1}) ⊙ H_{s−1} + E_{s−1} (H_0 = 0)
 the range. The backward runs the same scheme from the end. S = 1 is the plain recurrence.
 
 step_decays: b holds the per-step log-decays (any float dtype) and each kernel forms the chunk-local cumsum in
-registers. In bf16 that reads 20 % fewer bytes at [G]'s training shape, yet measured 0.98× fla forward and 1.15×
-backward on the H100: the scan costs what the read saves (bench/results/2026-11-25-h100-state-step-decays/).
-The models pass fp32 cumulative decays.
+registers. In bf16 that reads a fifth fewer bytes, but the scan in the kernel costs what the read saves, so the
+models pass fp32 cumulative decays.
 """
 from __future__ import annotations
 
@@ -222,8 +221,7 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], k.device, ht)
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
-    # 4 warps unpipelined: 0.282 → 0.210 ms at the GLA-340M layer on the H100, the same at the MVE shape
-    # (scripts/debug_chunk_stages.py --sweep).
+    # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
                              **(dict(num_warps=4, num_stages=1) | launch))
@@ -284,19 +282,18 @@ def _segment_buffers(B, S, H, K, V, decay_dim, device, final):
             torch.empty(B, S, H, decay_dim, dtype=torch.float32, device=device))
 
 
-# Programs per SM the split aims for: one per SM leaves the sequential loop's load latency exposed. H100,
-# B1 H4 T65536 K=V=128 (16 tiles), forward ms by S: 8 → 0.511, 16 → 0.337, 32 (3.9 per SM) → 0.272,
-# 64 → 0.320, 128 → 0.450 (bench/results/2026-11-23-h100-state.md).
+# Programs per SM the split aims for: one per SM leaves the sequential loop's load latency exposed; on the H100 at
+# one long sequence (16 tiles) about four per SM ran fastest, more paid for the fix-up.
 PROGRAMS_PER_SM = 4
-# Shortest segment worth the fix-up pass (it rewrites every h of all but the first segment): at T = 2048
-# (32 chunks) no split beat the sequential scan, B4 and B8 × H12 × K=V=64 (48 and 96 programs) alike.
+# Shortest segment worth the fix-up pass (it rewrites every h of all but the first segment): at 32 chunks no split
+# beat the sequential scan on the H100.
 MIN_SEGMENT_CHUNKS = 32
 
 
 def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, device: torch.device) -> int:
     """Segments for the split scan: about PROGRAMS_PER_SM programs per SM, none shorter than
-    MIN_SEGMENT_CHUNKS chunks; 1 where the (K, V, batch·head) tiles already fill every SM once (at
-    B16 H16 K=V=64, 256 programs on 132 SMs, S = 2 costs 0.128 → 0.167 ms)."""
+    MIN_SEGMENT_CHUNKS chunks; 1 where the (K, V, batch·head) tiles already fill every SM once (there a split
+    only adds the fix-up pass)."""
     programs = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
     sms, NT = sm_count(device), triton.cdiv(T, chunk_size)
     if programs >= sms:

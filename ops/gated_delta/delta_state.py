@@ -5,13 +5,13 @@ incoming state h_n and b_L the value of b at the chunk's last valid row:
     forward:   v_new = u − w h_n,    h_{n+1} = exp(b_L) h_n + (k ⊙ exp(b_L − b))ᵀ v_new
     backward:  dv_new = Aᵀ do + (k ⊙ exp(b_L − b)) dh_{n+1}
                dh_n   = exp(b_L) dh_{n+1} + scale · (q ⊙ exp(b))ᵀ do − wᵀ dv_new
-A is the intra-chunk score matrix of the output stage (chunk_intra.py). Unlike chunk_h.py the key
-dimension is not tiled: v_new needs the whole of w h_n, so one program holds a [K, BV] state
-(K ≤ 256) and walks the chunks. Transposed operands (kᵀ, qᵀ, wᵀ, Aᵀ) are loaded transposed.
-The recurrence runs in fp32 registers. The forward stores h_n per chunk and v_new in the inputs'
-dtype; the backward stores dh_{n+1} per chunk (the gradient of the state leaving chunk n, the layout
-chunk_o.py expects) in the inputs' dtype, as chunk_h.py does, and dv_new in fp32 (the WY backward
-contracts it in fp32). state_dtype stores h and dh in another dtype (fp32, for precision probes).
+A is the intra-chunk score matrix of the output stage (ops/chunkwise/intra.py). Unlike ops/chunkwise/state.py
+the key dimension is not tiled: v_new needs the whole of w h_n, so one program holds a [K, BV] state (K ≤ 256)
+and walks the chunks. Transposed operands (kᵀ, qᵀ, wᵀ, Aᵀ) are loaded transposed. The recurrence runs in fp32
+registers. The forward stores h_n per chunk and v_new in the inputs' dtype; the backward stores dh_{n+1} per
+chunk (the gradient of the state leaving chunk n, the layout ops/chunkwise/output.py expects) in the inputs'
+dtype, as ops/chunkwise/state.py does, and dv_new in fp32 (the WY backward contracts it in fp32). state_dtype
+stores h and dh in another dtype (fp32, for precision probes).
 Initial and final states are fp32.
 """
 from __future__ import annotations
@@ -105,7 +105,8 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
         tl.store(dh0 + p_state, b_dh, mask=m_kv)
 
 
-def _state_tiles(K: int, V: int, BV: int | None) -> tuple[int, int]:
+def state_tiles(K: int, V: int, BV: int | None) -> tuple[int, int]:
+    """(BK, BV): all of K in one program, V in tiles."""
     if K > MAX_K:
         raise ValueError(f"the delta-rule state kernels hold all of K in one program: K ≤ {MAX_K}, got {K}")
     return max(16, triton.next_power_of_2(K)), BV or tile(V)
@@ -119,7 +120,7 @@ def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tens
     [B, H, K, V] fp32, or None."""
     B, T, H, K = k.shape
     V, NT = u.shape[-1], triton.cdiv(T, chunk_size)
-    BK, BV = _state_tiles(K, V, BV)
+    BK, BV = state_tiles(K, V, BV)
     h = torch.empty(B, NT, H, K, V, dtype=state_dtype or k.dtype, device=k.device)
     v_new = torch.empty_like(u)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
@@ -138,7 +139,7 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
     num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory pipelined."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
-    BK, BV = _state_tiles(K, V, BV)
+    BK, BV = state_tiles(K, V, BV)
     dh = torch.empty(B, NT, H, K, V, dtype=state_dtype or q.dtype, device=q.device)
     dv_new = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
     dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None

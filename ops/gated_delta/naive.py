@@ -17,7 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ops import backend_fn
+
 CHUNK_SIZE = 64
+CHUNK_SIZES = (16, 32, 64)      # the Triton backends' sizes (see ops/gated_delta/chunk.py); the oracle runs any
 
 
 def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -78,9 +81,10 @@ def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: in
     return o, S
 
 
+@backend_fn(chunk_sizes=CHUNK_SIZES)
 def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 scale: float | None = None, initial_state: torch.Tensor | None = None,
-                output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                output_final_state: bool = False, chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise gated delta rule (the `naive` backend), in fp32 (fp64 for fp64 inputs).
 
     q, k: [B, T, H, K] (k L2-normalised per head for a contractive update); v: [B, T, H, V];
@@ -88,5 +92,48 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     Returns o [B, T, H, V] in v's dtype and, if asked, the final state [B, H, K, V] in fp32.
     """
     with torch.autocast(q.device.type, enabled=False):
-        o, S = chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state)
+        o, S = chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size)
     return o.to(v.dtype), (S if output_final_state else None)
+
+
+# Gate (log-decay g) and β regimes of make_inputs: the model's, and uniform ranges [lo, hi) the tests sweep
+GATES = {"model": "−A · softplus(N(0, 1) − 3), A ∈ [1, 16): the layer's gate", "realistic": (-5.0, 0.0),
+         "near0": (-1e-6, 0.0), "extreme": (-1e3, -50.0)}
+BETAS = {"model": "sigmoid(N(0, 1))", "mid": (0.0, 1.0), "near0": (0.0, 1e-4), "near1": (1 - 1e-4, 1.0)}
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True, decay: str = "model", beta: str = "model",
+                initial_state: bool = False) -> dict:
+    """The keyword arguments of `gated_delta` at shape {B, T, H, K, V}, shared by the tests and the benchmark:
+    q, k [B, T, H, K] (k L2-normalised per head, as the layer feeds it) and v [B, T, H, V] in dtype; g, beta
+    [B, T, H] and, with initial_state, initial_state [B, H, K, V] in fp32 (fp64 for fp64 inputs).
+
+    decay (GATES): 'model' the layer's −exp(A_log)·softplus(x W_a + dt_bias); 'realistic' uniform in [−5, 0);
+    'near0' in [−1e-6, 0); 'extreme' in [−1e3, −50). beta (BETAS): 'model' sigmoid(z); 'mid' [0, 1); 'near0'
+    [0, 1e-4); 'near1' [1 − 1e-4, 1). Drawn on `device` from `seed`, or from a fresh seed when None; every tensor
+    is a leaf, requiring grad if asked."""
+    B, T, H, K, V = (shape[n] for n in "BTHKV")
+    gen = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def draw(*size, uniform=None):
+        if uniform is not None:
+            return torch.rand(size, generator=gen, device=device, dtype=acc) * (uniform[1] - uniform[0]) + uniform[0]
+        return torch.randn(size, generator=gen, device=device, dtype=acc)
+
+    for name, regimes, value in (("decay", GATES, decay), ("beta", BETAS, beta)):
+        if value not in regimes:
+            raise ValueError(f"gated_delta make_inputs: {name} {value!r}; one of {', '.join(regimes)}")
+    q = draw(B, T, H, K).to(dtype)
+    k = F.normalize(draw(B, T, H, K), dim=-1).to(dtype)
+    v = draw(B, T, H, V).to(dtype)
+    if decay == "model":
+        g = -(draw(H, uniform=(1.0, 16.0))) * F.softplus(draw(B, T, H) - 3)
+    else:
+        g = draw(B, T, H, uniform=GATES[decay])
+    b = draw(B, T, H).sigmoid() if beta == "model" else draw(B, T, H, uniform=BETAS[beta])
+    out = {"q": q, "k": k, "v": v, "g": g, "beta": b}
+    if initial_state:
+        out["initial_state"] = draw(B, H, K, V)
+    return {n: t.requires_grad_(requires_grad) for n, t in out.items()}

@@ -15,14 +15,11 @@ Every exponent is b_i − b_j with i ≥ j, or b itself (chunk-local, ≤ 0): no
 
 Tm is solved in fp32 in registers, in four row blocks (fla's fused kkt + solve has the same shape):
 the diagonal blocks by forward substitution, then the blocks below from the block recurrence (wy_fwd_kernel).
-The backward never feeds tl.trans of a dot accumulator into tl.dot (miscompiled on Hopper,
-../shared/GPU.md): transposed operands are loaded transposed from memory, and Mᵀ is re-read by a
-second kernel. Tm is stored as [B, T, H, C] in the inputs' dtype: row t holds its chunk's row of Tm
-(like A in chunk_intra.py).
-Warps, from an H100 sweep at B16 T2048 H16 K=V=64 (scripts/debug_delta_stages.py): the forward 2
-(0.436 ms; 0.612 at 4, 1.118 at 8: its tiles are 16 × 16), the backward 4 (0.659 ms; 0.918 at 8,
-1.084 at 2), its gradients checked against the fp64 reference on the GPU (tests/ops/test_delta_stages.py,
-and fla's Hopper miscompile was a 4-warp, 64-row backward kernel: keep those tests on the GPU).
+The backward never feeds tl.trans of a dot accumulator into tl.dot (Triton < 3.7.1 miscompiles that on Hopper):
+transposed operands are loaded transposed from memory, and Mᵀ is re-read by a second kernel. Tm is stored as
+[B, T, H, C] in the inputs' dtype: row t holds its chunk's row of Tm (like A in ops/chunkwise/intra.py).
+Warps, the best of an H100 sweep: the forward 2 (its tiles are 16 × 16), the backward 4. A 4-warp, 64-row
+backward kernel is the shape fla's Hopper miscompile took, so its tests run on the GPU too.
 """
 from __future__ import annotations
 
@@ -289,8 +286,7 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     (= du; dw = −dv_new h_nᵀ); dk_in: [B, T, H, K], the rest of dk. Returns dk (k's dtype, dk_in
     included), dv (v's dtype), dβ [B, T, H] fp32 and the WY part of db [B, T, H] fp32.
     num_warps: None picks 4, or 8 for fp32 at C = 128: there the [C, C] fp32 dots (no tensor cores) at 4 warps
-    kept Triton 3.6's PTX lowering busy past a 420 s test limit on the H100; at 8 it compiles in under a minute
-    (bench/results/2026-11-24-h100-gdn-determinism/)."""
+    keep Triton 3.6's PTX lowering busy for minutes; at 8 it compiles in under one."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)

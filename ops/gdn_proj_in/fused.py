@@ -1,23 +1,21 @@
-"""The input side of Gated DeltaNet's projection chain on the `fused` backend (issue [H], component `proj`):
+"""The input side of Gated DeltaNet's projection chain on the `fused` backend (component `proj`):
 
     q, k = L2norm_head(SiLU(conv4(x W_{q,k}ᵀ))),   v = SiLU(conv4(x W_vᵀ)),   r = x W_rᵀ
     β = sigmoid(x W_βᵀ),   g = −exp(A_log) · softplus(x W_aᵀ + dt_bias)
 
-One GEMM x [W_q; W_k; W_v; W_r; W_β; W_a]ᵀ (cuBLAS: on the H100 it runs these FLOPs ~15 % faster than our
-Triton GEMM, bench/results/2026-11-24-h100-proj-in.md) reads x once and writes one [M, N] buffer; then one
-Triton kernel per q, k, v (ops/common/short_conv.py) reads its column slice in place and applies the causal
-conv, SiLU and, for q and k, the per-head L2 norm, writing the mixer's contiguous input once, in fp32 math.
-PyTorch's chain runs six GEMMs (x cast six times) and, per q, k, v, two transposes, a cuDNN conv, a slice,
-SiLU and (q, k) a norm, a division and a cast, each a pass over HBM; its backward mirrors them. The autograd
-graph here is the concatenated weights' mm, one split (its backward: one concatenation of the gradients,
-then one dgrad GEMM) and the conv kernels' own backward.
+One cuBLAS GEMM x [W_q; W_k; W_v; W_r; W_β; W_a]ᵀ reads x once and writes one [M, N] buffer; then one Triton
+kernel per q, k, v (ops/proj/short_conv.py) reads its column slice in place and applies the causal conv, SiLU and,
+for q and k, the per-head L2 norm, writing the mixer's contiguous input once, in fp32 math. PyTorch's chain runs
+six GEMMs (x cast six times) and, per q, k, v, two transposes, a cuDNN conv, a slice, SiLU and (q, k) a norm, a
+division and a cast, each a pass over HBM; its backward mirrors them. The autograd graph here is the concatenated
+weights' mm, one split (its backward: one concatenation of the gradients, then one dgrad GEMM) and the conv
+kernels' own backward.
 
-Why the conv is not in the GEMM's epilogue: each output row needs the W − 1 rows before it, which another
-M tile owns, and the per-head norm needs a whole head of columns; an epilogue would recompute a halo of rows
-per tile and tie the GEMM's tile to the head size, and it would have to be our Triton GEMM, not cuBLAS's.
-β and g are [M, H] (1/128 of q's size): a few PyTorch elementwise calls on the slices cost less than a kernel.
-r is returned as a view of the GEMM's output, which the conv kernels' saved inputs keep alive anyway; proj_out's gate
-kernels read it in place (its row stride), so it is not copied and held twice (33 MB a layer at gdn_340m's B8 T2048).
+The conv is not in the GEMM's epilogue: each output row needs the W − 1 rows before it, which another M tile owns,
+and the per-head norm needs a whole head of columns; an epilogue would recompute a halo of rows per tile and tie
+the GEMM's tile to the head size. β and g are [M, H]: a few PyTorch elementwise calls on the slices cost less than
+a kernel. r is returned as a view of the GEMM's output, which the conv kernels' saved inputs keep alive anyway;
+proj_out's gate kernels read it in place (its row stride), so it is not copied and held twice.
 """
 from __future__ import annotations
 
@@ -26,8 +24,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops.triton_utils import check_triton_device
-from ops.proj.short_conv import short_conv
+from ops import backend_fn
+from ops.proj.short_conv import conv_plan, short_conv
+from ops.triton_utils import check_dtypes, check_triton_device
 
 COMPONENTS = ("proj",)
 
@@ -35,13 +34,21 @@ COMPONENTS = ("proj",)
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)
 
 
+def plan(device: torch.device, M: int, H: int, K: int, V: int, **_) -> str:
+    """What the op launches for M rows at these widths, for the run log."""
+    return (f"one cuBLAS GEMM for q, k, v, r, β, g; short conv kernels on q, k ({conv_plan(H * K, K, device)}) "
+            f"and v ({conv_plan(H * V, None, device)}), reading the GEMM's output in place")
+
+
+@backend_fn(plan=plan)
 def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
                 w_b: torch.Tensor, w_a: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor,
                 conv_v: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                 n_heads: int) -> tuple[torch.Tensor, ...]:
     """Shapes as ops.gdn_proj_in.naive.gdn_proj_in: x [B, T, d]; w_q, w_k [H·K, d]; w_v, w_r [H·V, d];
-    w_b, w_a [H, d]; conv_q, conv_k [H·K, 1, W]; conv_v [H·V, 1, W]; A_log, dt_bias [H] → q, k [B, T, H, K],
+    w_b, w_a [H, d]; conv_q, conv_k [H·K, 1, W]; conv_v [H·V, 1, W]; A_log, dt_bias (H,) → q, k [B, T, H, K],
     v [B, T, H, V] (x's dtype, or autocast's), g, β [B, T, H] fp32, r [B, T, H·V] (a view of the GEMM's output)."""
+    check_dtypes("gdn_proj_in", "fused", x, w_q)
     B, T, d = x.shape
     H = n_heads
     HK, HV = w_q.shape[0], w_v.shape[0]

@@ -1,4 +1,4 @@
-"""The input side of Gated DeltaNet's projection chain, in PyTorch: the oracle for issue [H]'s `proj` component
+"""The input side of Gated DeltaNet's projection chain, in PyTorch: the oracle for the fused `proj` component
 and what the layer runs when `proj` is not fused.
 
     q, k = L2norm_head(SiLU(conv4(x W_{q,k}ᵀ))),   v = SiLU(conv4(x W_vᵀ)),   r = x W_rᵀ   (the output gate)
@@ -20,7 +20,7 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
                 conv_v: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                 n_heads: int) -> tuple[torch.Tensor, ...]:
     """x: [B, T, d] (the block's normed input); w_q, w_k: [H·K, d]; w_v, w_r: [H·V, d]; w_b, w_a: [H, d]
-    (nn.Linear's layouts); conv_q, conv_k: [H·K, 1, W] and conv_v: [H·V, 1, W] (nn.Conv1d's); A_log, dt_bias: [H].
+    (nn.Linear's layouts); conv_q, conv_k: [H·K, 1, W] and conv_v: [H·V, 1, W] (nn.Conv1d's); A_log, dt_bias: (H,).
     Returns q, k [B, T, H, K] and v [B, T, H, V] (one dtype: v's), g, β [B, T, H] fp32 and r [B, T, H·V]."""
     B, T, _ = x.shape
     H = n_heads
@@ -33,3 +33,25 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     beta = F.linear(x, w_b).float().sigmoid()                                          # [B, T, H]
     g = -A_log.float().exp() * F.softplus(F.linear(x, w_a).float() + dt_bias)          # [B, T, H]
     return q, k, v, g, beta, F.linear(x, w_r)
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True) -> dict:
+    """The keyword arguments of `gdn_proj_in` at shape {B, T, d, H, K, V, W}, shared by the tests and the
+    benchmark: x [B, T, d] and the parameters in nn.Linear's and nn.Conv1d's layouts, in dtype (fp32: the model's
+    x and parameters under autocast), scaled so that activations are O(1); A_log uniform in [0, 2.8) and
+    dt_bias = N(0, 1) − 3, as model.common.init_ssm_decay_ draws them, stretched a little; n_heads. Drawn on
+    `device` from `seed`, or from a fresh seed when None; every tensor is a leaf, requiring grad if asked."""
+    B, T, d, H, K, V, W = (shape[n] for n in ("B", "T", "d", "H", "K", "V", "W"))
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def draw(*size, scale=1.0, shift=0.0):
+        return torch.randn(size, generator=g, device=device, dtype=acc) * scale + shift
+    out = {"x": draw(B, T, d)}
+    out |= {n: draw(rows, d, scale=d ** -0.5) for n, rows in (("w_q", H * K), ("w_k", H * K), ("w_v", H * V),
+                                                             ("w_r", H * V), ("w_b", H), ("w_a", H))}
+    out |= {n: draw(c, 1, W, scale=W ** -0.5) for n, c in (("conv_q", H * K), ("conv_k", H * K), ("conv_v", H * V))}
+    out["A_log"] = torch.empty(H, device=device, dtype=acc).uniform_(0, 2.8, generator=g)
+    out["dt_bias"] = draw(H, shift=-3.0)
+    return {**{n: t.to(dtype).requires_grad_(requires_grad) for n, t in out.items()}, "n_heads": H}

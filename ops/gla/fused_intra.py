@@ -1,16 +1,15 @@
 """The intra-chunk scores of the fused GLA forward where it runs chunk's parallel stages (K = 256, one long
-sequence; ops.gla.fused.scan_forward): A as chunk_intra.py defines it, in one program per chunk instead of
+sequence; ops.gla.fused.scan_forward): A as ops/chunkwise/intra.py defines it, in one program per chunk instead of
 one per 16-row block pair.
 
-A tame chunk (−b_L ≤ max_range for every key dim, fused_scan.MAX_RANGE) takes the scan's factorisation:
+A tame chunk (−b_L ≤ max_range for every key dim, scan.MAX_RANGE) takes the scan's factorisation:
 
     A = mask(q̃ k̃ᵀ),   q̃ = scale · q ⊙ exp(b − b_L),   k̃ = k ⊙ exp(b_L − b)
 
-one [C, BK]·[BK, C] dot per key tile, with both operands in bf16 hi/lo parts (fused_scan.dot_split).
-chunk_intra.py forms each diagonal 16 × 16 block elementwise over K instead, [16, 16, BK] exponentials and
-products per column; at K = 256 that made its kernel the forward's slowest stage (0.29 ms of 0.76 at the
-340M layer shape, bench/results/2026-11-23-h100-logs/fwd_launch_sweep.log). A wild chunk (the tests'
-−50 per step) takes chunk_intra's exact sub-block helpers in the same program, so no decay overflows.
+one [C, BK]·[BK, C] dot per key tile, with both operands in bf16 hi/lo parts (scan.dot_split).
+ops/chunkwise/intra.py forms each diagonal 16 × 16 block elementwise over K instead, [16, 16, BK] exponentials and
+products per column; at K = 256 that makes its kernel the forward's slowest stage. A wild chunk (the tests'
+−50 per step) takes intra.py's exact sub-block helpers in the same program, so no decay overflows.
 """
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ def fused_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
 def fused_intra_fwd(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, scale: float, chunk_size: int,
                     max_range: float = MAX_RANGE, **launch) -> torch.Tensor:
     """q, k: [B, T, H, K]; b: [B, T, H, K] fp32 (chunk-local cumsum) → A [B, T, H, C] in q's dtype, scale
-    included, as chunk_intra.chunk_intra_fwd returns it. max_range < 0 takes the exact path in every chunk
+    included, as intra.chunk_intra_fwd returns it. max_range < 0 takes the exact path in every chunk
     (tests); launch may override BK, num_warps, num_stages and SPLIT (one bf16 dot instead of three)."""
     B, T, H, K = q.shape
     if b.shape[-1] != K:

@@ -1,12 +1,12 @@
-"""An analytical data-movement model for the chunkwise forward (issue [F]): HBM bytes, FLOPs and a
-time floor per kernel plan, under a device's shared-memory and register budgets, and the tile choice
-that minimises the floor. Chimera-style: count what each loop order must move, reject what does not
-fit on chip, take the cheapest. No measurement enters it; bench/results compares it with them.
+"""An analytical data-movement model for the chunkwise GLA forward: HBM bytes, FLOPs and a time floor per
+kernel plan, under a device's shared-memory and register budgets, and the tile choice that minimises the
+floor. Chimera-style: count what each loop order must move, reject what does not fit on chip, take the
+cheapest. No measurement enters it; scripts/bench_ops.py prints its floor beside the measured times.
 
 Plans for one layer's forward (q, k [B, T, H, K], v, o [B, T, H, V], chunk C, NT = ⌈T/C⌉ chunks):
-- `chunk` (today's backend, four launches): cumsum g → b; states h (reads k, v, b; writes h per
+- `chunk` (the `chunk` backend, four launches): cumsum g → b; states h (reads k, v, b; writes h per
   chunk); intra (reads q, k, b; writes A [B, T, H, C]); output (reads q, b, h, A, v; writes o).
-- `fused` (fused_scan.py): one kernel, one program per (batch, head, V tile), scanning its chunks
+- `fused` (scan.py): one kernel, one program per (batch, head, V tile), scanning its chunks
   with the state in registers: reads q, k, g once per V tile and v once, writes o and, for the
   backward, b and the chunk states h. A, the states' round trip and the cumsum pass never reach HBM.
   The grid is only B·H·V/BV programs, so the floor is stretched when they leave SMs idle.
@@ -38,7 +38,7 @@ class Device:
     max_regs_per_thread: int = 255
 
 
-# ../shared/GPU.md: 3.0 TB/s copy, 786 TFLOP/s bf16, 132 SMs, 227 KB shared memory per block.
+# Measured on the H100: 3.0 TB/s device-to-device copy, 786 TFLOP/s bf16 matmul; 132 SMs, 227 KB shared memory.
 H100 = Device("H100 80GB HBM3", 3.0e12, 786e12, 132, 227 * 1024)
 # Datasheet numbers (not measured here): 1.94 TB/s less the ~10% a copy loses, 312 TFLOP/s, 164 KB.
 A100 = Device("A100 80GB (datasheet)", 1.75e12, 312e12, 108, 163 * 1024)
@@ -110,7 +110,7 @@ def _sizes(s: Shape) -> dict:
 
 def _shared(s: Shape) -> list[Kernel]:
     """cumsum and the state pass, common to both plans: the states run one program per (batch, head,
-    64 × 64 state tile), sequential over chunks (chunk_h.py), so a short grid leaves SMs idle."""
+    64 × 64 state tile), sequential over chunks (ops/chunkwise/state.py), so a short grid leaves SMs idle."""
     z = _sizes(s)
     tiles = s.B * s.H * math.ceil(s.K / 64) * math.ceil(s.V / 64)
     return [Kernel("cumsum", 2 * z["b"], 0.0, s.B * s.H * s.NT),
@@ -146,7 +146,7 @@ def fused_plan(s: Shape, t: Tiles, dev: Device, save: bool = True) -> Prediction
     threads = 32 * t.num_warps
     # fp32 registers: the state [K, BV], the scores [C, C], o [C, BV], the decayed q and k [C, K]
     regs = (s.K * t.BV + s.C * s.C + s.C * t.BV + 2 * s.C * s.K) / threads
-    # shared memory: the dots' operands, q̃ and k̃ in two parts each (fused_scan.dot_split), A and v
+    # shared memory: the dots' operands, q̃ and k̃ in two parts each (scan.dot_split), A and v
     smem = 4 * s.C * s.K * s.elem + s.C * s.C * s.elem + s.C * t.BV * s.elem
     if regs + 32 > dev.max_regs_per_thread:       # 32: addresses, indices, the decay row
         p.feasible, p.why = False, f"{regs:.0f} fp32 registers per thread for the state, scores and operands"
@@ -156,7 +156,7 @@ def fused_plan(s: Shape, t: Tiles, dev: Device, save: bool = True) -> Prediction
 
 
 def chunk_bwd_plan(s: Shape) -> Prediction:
-    """`chunk`'s backward, per-key decay (ops/common/chunk.py): dh pass, dA = do vᵀ written in fp32,
+    """`chunk`'s backward, per-key decay (ops/chunkwise/): dh pass, dA = do vᵀ written in fp32,
     dv reading A, the intra-chunk gradients reading dA and writing fp32 partials, and the kernel
     that adds the state terms and forms db; then db's reverse cumsum."""
     z, tok, grid = _sizes(s), s.B * s.T * s.H, s.B * s.H * s.NT
@@ -173,13 +173,13 @@ def chunk_bwd_plan(s: Shape) -> Prediction:
 
 
 def bwd_key_tile(K: int) -> int:
-    """The fused backward's key tile (fused_scan_bwd.py): all of K up to 64, one launch with dv; else 32,
-    with dv apart (the H100 sweeps: 0.39 ms at K = 128, V = 256 against 0.44 at 64)."""
+    """The fused backward's key tile (scan_bwd.py): all of K up to 64, one launch with dv; else 32, with dv
+    apart (faster than 64 in the H100 sweeps at K = 128, V = 256)."""
     return 1 << max(4, (K - 1).bit_length()) if K <= 64 else 32
 
 
 def fused_bwd_plan(s: Shape, BK: int | None = None, BV: int = 64) -> Prediction:
-    """The fused backward (fused_scan_bwd.py): the same dh pass, then per (K tile, chunk) dq, dk, db
+    """The fused backward (scan_bwd.py): the same dh pass, then per (K tile, chunk) dq, dk, db
     from dA = do vᵀ (v, do re-read per K tile), with dv in the same kernel when K fits one tile, else
     per (V tile, chunk) dv from Aᵀ over all of K (q, k, b re-read per V tile); then db's reverse
     cumsum. Neither A nor dA nor an fp32 partial reaches HBM. BK: bwd_key_tile's by default."""
@@ -199,9 +199,8 @@ def fused_bwd_plan(s: Shape, BK: int | None = None, BV: int = 64) -> Prediction:
 
 
 # Triton 3.6 on the H100 miscompiles the scan's forward with V tiles of 16 or 32 when it stores nothing for
-# the backward (inference, evaluation): o was wrong by up to 16 at 4 warps and 8 warps faulted, whatever
-# num_stages, even with V = BV; BV 64 (also masked, V = 48) and every tile with the stores were right
-# (bench/results/2026-11-24-h100-scan-narrow-tiles.md). The model chose BV 32 below batch 8.
+# the backward (inference, evaluation): o wrong at 4 warps, a fault at 8, whatever num_stages; BV 64 (also
+# masked) and every tile with the stores are right.
 MIN_BV = 64
 
 
@@ -231,7 +230,7 @@ def device_model(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=None)
 def kernel_tiles(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, device: str = "H100") -> Tiles | None:
-    """The tiles fused_scan.fused_scan_fwd launches with, or None where no scan tiling fits on chip."""
+    """The tiles scan.fused_scan_fwd launches with, or None where no scan tiling fits on chip."""
     best, _ = choose(Shape(B, T, H, K, V, C, elem=elem), {"H100": H100, "A100": A100}[device])
     return best.tiles if best else None
 
@@ -252,7 +251,7 @@ SHAPES = {"gla mve": Shape(16, 2048, 12, 64, 64), "gla 340m": Shape(8, 2048, 4, 
 
 
 def main() -> None:
-    """The issue shapes on the H100: chunk's bytes and floor, and the fused plan the model picks."""
+    """The benchmark shapes on the H100: chunk's bytes and floor, and the fused plan the model picks."""
     print(f"{'shape':<22} {'chunk MB':>9} {'floor ms':>9} | {'fused MB':>9} {'floor ms':>9}  "
           "tiles (BV, warps), programs")
     for name, s in SHAPES.items():

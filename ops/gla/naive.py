@@ -18,7 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ops import backend_fn
+
 CHUNK_SIZE = 64
+CHUNK_SIZES = (16, 32, 64, 128, 256)    # multiples of SUB_CHUNK: the sizes the Triton backends run
 SUB_CHUNK = 16
 
 
@@ -108,9 +111,10 @@ def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     return o, S
 
 
+@backend_fn(chunk_sizes=CHUNK_SIZES)
 def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
         scale: float | None = None, initial_state: torch.Tensor | None = None,
-        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        output_final_state: bool = False, chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise GLA (the `naive` backend), computed in fp32 (fp64 for fp64 inputs).
 
     q, k, gk: [B, T, H, K] (gk ≤ 0, or [B, T, H, 1] for a scalar decay); v: [B, T, H, V];
@@ -118,5 +122,42 @@ def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     state [B, H, K, V] in fp32.
     """
     with torch.autocast(q.device.type, enabled=False):  # the oracle stays fp32 inside bf16 training
-        o, S = chunkwise_gla(q, k, v, gk, scale, initial_state, output_final_state)
+        o, S = chunkwise_gla(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
     return o.to(v.dtype), (S if output_final_state else None)
+
+
+# Log-decay regimes of make_inputs: the model's gate, and the ranges the tests sweep (uniform in [lo, hi)).
+DECAYS = {"model": "logsigmoid(N(0, 1)) / 16, the GLA layer's gate", "realistic": (-5.0, 0.0),
+          "near0": (-1e-6, 0.0), "extreme": (-1e4, -1e2), "mixed": "per channel −1e-4 or −50, half each"}
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True, decay: str = "model", scalar: bool = False,
+                initial_state: bool = False) -> dict:
+    """The keyword arguments of `gla` at shape {B, T, H, K, V}, shared by the tests and the benchmark:
+    q, k [B, T, H, K] and v [B, T, H, V] in dtype; gk [B, T, H, K] (scalar: [B, T, H, 1]) and, with
+    initial_state, initial_state [B, H, K, V], in fp32 (fp64 for fp64 inputs), as the model holds them.
+
+    decay (DECAYS): 'model' the layer's gate logsigmoid(z)/16; 'realistic' uniform in [−5, 0); 'near0' in
+    [−1e-6, 0) (no decay); 'extreme' in [−1e4, −1e2) (the state wiped each step); 'mixed' −1e-4 or −50 per
+    channel (b reaches −1600 inside a chunk). Drawn on `device` from `seed`, or from a fresh seed when None;
+    every tensor is a leaf, requiring grad if asked."""
+    B, T, H, K, V = (shape[n] for n in "BTHKV")
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    out = {n: torch.randn(B, T, H, D, generator=g, device=device, dtype=acc).to(dtype)
+           for n, D in (("q", K), ("k", K), ("v", V))}
+    size = (B, T, H, 1 if scalar else K)
+    if decay == "model":
+        gk = F.logsigmoid(torch.randn(size, generator=g, device=device, dtype=acc)) / 16
+    elif decay == "mixed":
+        gk = torch.where(torch.rand(size, generator=g, device=device) < 0.5, -1e-4, -50.0).to(acc)
+    elif isinstance(DECAYS.get(decay), tuple):
+        lo, hi = DECAYS[decay]
+        gk = torch.rand(size, generator=g, device=device, dtype=acc) * (hi - lo) + lo
+    else:
+        raise ValueError(f"gla make_inputs: decay {decay!r}; one of {', '.join(DECAYS)}")
+    out["gk"] = gk
+    if initial_state:
+        out["initial_state"] = torch.randn(B, H, K, V, generator=g, device=device, dtype=acc)
+    return {n: t.requires_grad_(requires_grad) for n, t in out.items()}

@@ -1,4 +1,4 @@
-"""The fused GLA forward of issue [F] in one launch: each program owns one (batch, head, V tile) and
+"""The fused GLA forward in one launch: each program owns one (batch, head, V tile) and
 walks its chunks in order with the state h [K, BV] in fp32 registers, so the cumsum, the state
 pass, the intra-chunk scores and the output (`chunk`'s four kernels) never meet in HBM.
 
@@ -12,11 +12,11 @@ exactly exp(b_i − b_j) for i ≥ j, but q̃ alone grows to exp(−b_L): the fa
 while −b_L ≤ max_range for every key dim (per-step log-decays summing to at most 64 over the chunk:
 every realistic GLA gate). A chunk with a stronger decay (the tests' −50 per step) takes the exact
 token-by-token recurrence instead, h ← exp(g_t) ⊙ h + k_tᵀ v_t, o_t = scale · q_t h, in the same
-registers; it is slow but never overflows. Both paths are tested against naive (tests/ops/test_fused_scan.py).
+registers; it is slow but never overflows. Both paths are tested against naive.
 
 For the backward it stores b (fp32) and the state entering each chunk, h [B, NT, H, K, V], as
-chunk_h.chunk_fwd_h does (fused_scan_bwd.py reads both); with `interval` a multiple of the chunk size, only
-the state entering every interval-th row (chunk_h.chunk_fwd_h_from recomputes the others).
+ops/chunkwise/state.py's chunk_fwd_h does (scan_bwd.py reads both); with `interval` a multiple of the chunk
+size, only the state entering every interval-th row (chunk_fwd_h_from recomputes the others).
 """
 from __future__ import annotations
 
@@ -126,9 +126,8 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     state entering each chunk, or with `interval` a multiple of chunk_size only every interval-th row's;
     v's dtype), else None, None.
     max_range < 0 forces the exact path everywhere (tests); launch may override BV (≥ MIN_BV on a GPU),
-    num_warps, num_stages (sweeps). BV and num_warps come from the data-movement model (movement.kernel_tiles:
-    at the MVE shape BV 64 with 4 warps, at K = 128, V = 256 BV 64 with 8 warps, both the H100 sweeps'
-    best, bench/results/2026-11-24-h100-fused-scan.md)."""
+    num_warps, num_stages (sweeps). BV and num_warps come from the data-movement model (movement.kernel_tiles;
+    its choices at K = 64 and at K = 128, V = 256 match the best of H100 sweeps)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     interval = interval or chunk_size
@@ -141,12 +140,12 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     t = kernel_tiles(B, T, H, K, V, chunk_size, v.element_size(), device_model(q.device))
     if t is None and not {"BV", "num_warps"} <= set(launch):
         raise ValueError(f"no fused scan tiling fits on chip at K = {K}, V = {V}, C = {chunk_size} "
-                         "(ops/common/movement.py); run chunk's parallel forward (ops.gla.fused.scan_forward)")
+                         "(ops/gla/movement.py); run the parallel stages (ops.gla.fused.scan_forward)")
     tiles = (dict(BV=t.BV, num_warps=t.num_warps) if t else {}) | launch
     BV = tiles.pop("BV")
     if BV < MIN_BV and q.is_cuda:
         raise ValueError(f"fused_scan_fwd: BV = {BV} miscompiles on Hopper (Triton 3.6: wrong o or a fault without "
-                         f"`save`); launch with BV >= {MIN_BV} (ops/common/movement.py MIN_BV)")
+                         f"`save`); launch with BV >= {MIN_BV} (ops/gla/movement.py MIN_BV)")
     o = torch.empty_like(v)
     ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device) if save else None

@@ -1,4 +1,4 @@
-"""The backward of fused_scan.py, one program per chunk and tile: dq, dk, dv and db from the same factorised
+"""The backward of scan.py, one program per chunk and tile: dq, dk, dv and db from the same factorised
 scores as the forward, recomputed rather than stored, with dA = do vᵀ formed in registers. With
 q̃ = scale · q ⊙ exp(b − b_L), k̃ = k ⊙ exp(b_L − b), A = mask(q̃ k̃ᵀ) and h, dh the states entering and
 the gradient leaving the chunk:
@@ -8,13 +8,13 @@ the gradient leaving the chunk:
     db = q ⊙ dq − k ⊙ dk, plus at the last row exp(b_L) ⊙ Σ_v h ⊙ dh + Σ_rows k ⊙ exp(b_L − b) ⊙ (v dhᵀ)
 
 (b_L cancels out of A, so only the state update adds to the last row.) Aᵀ and dAᵀ are dots of their
-own rather than tl.trans of an accumulator: Triton < 3.7.1 miscompiles that on Hopper (../shared/GPU.md).
+own rather than tl.trans of an accumulator: Triton < 3.7.1 miscompiles that on Hopper.
 
 dq, dk and db need only their own key columns of q̃ and k̃ (and dA, summed over all of V); dv needs Aᵀ,
 summed over all of K. So one kernel per (K tile, chunk) forms dq, dk, db, and where K fits one tile it
 also forms dv (WITH_DV, one launch in all); else a second kernel per (V tile, chunk) forms dv.
 
-A chunk whose decay exceeds fused_scan.MAX_RANGE is left to fused_chunk.py's sub-block kernels,
+A chunk whose decay exceeds scan.MAX_RANGE is left to sub_block_bwd.py's kernels,
 launched after this one with the same threshold so that they do exactly the chunks this one skips.
 """
 from __future__ import annotations
@@ -128,14 +128,13 @@ def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.T
                    max_range: float = MAX_RANGE, **launch) -> tuple[torch.Tensor, ...]:
     """q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: [B, T, H, K] fp32 and h [B, NT, H, K, V] as
     fused_scan_fwd saves them; dh [B, NT, H, K, V] the gradient leaving each chunk
-    (chunk_h.chunk_bwd_dh). Returns dq, dk, dv (input dtypes) and db [B, T, H, K] fp32, the
+    (ops/chunkwise/state.py's chunk_bwd_dh). Returns dq, dk, dv (input dtypes) and db [B, T, H, K] fp32, the
     gradient of b (the caller reverse-cumsums it into dg). launch may override BK, BV (the dq/dk
     kernel's), num_warps, num_stages (sweeps; both kernels)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], h.shape[1]
-    # the H100 sweeps' best (bench/results/2026-11-24-h100-fused-scan.md; movement.bwd_key_tile). BV 32 with
-    # BK 64 and 4 warps hit an illegal memory access on the H100 (Triton 3.6), the 64-row Hopper miscompile of
-    # ../shared/GPU.md; the defaults never ran into it there.
+    # the H100 sweeps' best (movement.bwd_key_tile). BV 32 with BK 64 and 4 warps hits an illegal memory access
+    # on the H100 (Triton 3.6's 64-row Hopper miscompile); the defaults never run into it.
     BK = launch.pop("BK", bwd_key_tile(K))
     BV = launch.pop("BV", min(64, max(16, triton.next_power_of_2(V))))
     launch = dict(num_warps=4, num_stages=2) | launch

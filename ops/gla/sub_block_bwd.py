@@ -1,5 +1,5 @@
-"""The sub-block backward kernels of issue [F] (per-key-dim decay, GLA): the backward of the chunks whose
-decay is too strong for fused_scan_bwd.py's factorised scores (that module launches them with its
+"""The sub-block backward kernels of fused GLA (per-key-dim decay): the backward of the chunks whose
+decay is too strong for scan_bwd.py's factorised scores (that module launches them with its
 threshold; at min_range < 0 they take every chunk, as the tests run them). Two launches that recompute
 the scores instead of reading A, and form dA = do vᵀ in registers instead of writing it: dv (per V tile)
 and dq, dk, db (per K tile; `chunk` needs four launches and two C-wide round trips).
@@ -10,11 +10,10 @@ and dq, dk, db (per K tile; `chunk` needs four launches and two C-wide round tri
 S̃ is built one key block J (BC rows) at a time, never with a positive exponent:
 - rows below block J (i > last row ℓ of J): factorised around ℓ, q_i ⊙ exp(b_i − b_ℓ) against
   k_j ⊙ exp(b_ℓ − b_j); both factors ≤ 1 since b is non-increasing. One [C, BC] dot per K tile
-  covers every such row, where chunk_intra.py factorises per (row block, key block) pair.
-- inside block J (j ≤ i, both in J): elementwise, as chunk_intra.py, then moved to the block's rows
+  covers every such row, where ops/chunkwise/intra.py factorises per (row block, key block) pair.
+- inside block J (j ≤ i, both in J): elementwise, as ops/chunkwise/intra.py, then moved to the block's rows
   through a [C, BC] 0/1 selection matrix (a tensor-core dot; Triton cannot assign into a slice of a tile).
-tests/ops/test_fused_chunk.py checks each kernel against the `chunk` stages it replaces (each tested
-against naive); tests/ops/test_fused_scan.py checks them inside the `fused` backend.
+Each kernel is tested against the `chunk` stages it replaces, and inside the `fused` backend.
 """
 from __future__ import annotations
 
@@ -23,9 +22,8 @@ import triton
 import triton.language as tl
 
 from ops.chunkwise.intra import diag_scores
-from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
 from ops.chunkwise.output import state_grads
-from ops.triton_utils import dot_precision, tile
+from ops.triton_utils import dot_precision, load_rows, load_rows_t, row_offsets, store_rows, tile
 
 
 @triton.jit
@@ -106,7 +104,7 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                                BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr):
     """dq, dk, db for one K tile of one chunk: the intra-chunk terms from dA = do vᵀ, formed here one
     key block J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in
-    the forward, then the state terms (chunk_o._state_grads, as chunk_bwd_dqkb). Each key
+    the forward, then the state terms (output._state_grads, as chunk_bwd_dqkb). Each key
     block's contributions reach the chunk-wide accumulators through 0/1 selection dots."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -183,8 +181,8 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
 def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16, min_range: float = -1.0,
                        out: torch.Tensor | None = None, **launch) -> torch.Tensor:
     """dv [B, T, H, V] in do's dtype; dh [B, NT, H, K, V]: the gradient leaving each chunk
-    (chunk_h.chunk_bwd_dh). Equal to chunk_o.chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b), do, dh).
-    min_range ≥ 0: only the chunks whose decay −b_L exceeds it, written into `out` (fused_scan_bwd.py).
+    (state.chunk_bwd_dh). Equal to output.chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b), do, dh).
+    min_range ≥ 0: only the chunks whose decay −b_L exceeds it, written into `out` (scan_bwd.py).
     Tiles: the chunk stages' (≤ 64; movement.fused_bwd_plan counts what larger ones would save);
     launch may override BK, BV, num_warps, num_stages."""
     B, T, H, K = q.shape
@@ -200,7 +198,7 @@ def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk
 def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16,
                         min_range: float = -1.0, out: tuple | None = None,
                         **launch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk (input dtypes) and db [B, T, H, K] fp32, as chunk_o.chunk_bwd_dqkb given the intra-chunk
+    """dq, dk (input dtypes) and db [B, T, H, K] fp32, as output.chunk_bwd_dqkb given the intra-chunk
     gradients of chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v)): the three stages in one launch.
     min_range and out as fused_chunk_bwd_dv's (out: dq, dk, db)."""
     B, T, H, K = q.shape
@@ -209,7 +207,7 @@ def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, su
     dq, dk, db = out or (torch.empty_like(q), torch.empty_like(k),
                          torch.empty(B, T, H, K, dtype=torch.float32, device=q.device))
     grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)
-    # num_stages=1 by default: chunk_o.chunk_bwd_dA's do vᵀ loop over V tiles miscompiled on the H100
+    # num_stages=1 by default: output.chunk_bwd_dA's do vᵀ loop over V tiles miscompiled on the H100
     # when software-pipelined (bf16, ≥ 3 V tiles); this kernel runs the same loop.
     fused_chunk_bwd_dqk_kernel[grid](q, k, v, b, h, do, dh, dq, dk, db, scale, T, dh.shape[1], H, K, V, chunk_size,
                                      BC, BK, BV, dot_precision(do), float(min_range),

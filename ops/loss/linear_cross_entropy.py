@@ -5,7 +5,7 @@
 PyTorch's chain (F.linear, .float(), F.cross_entropy) holds the bf16 logits, their fp32 copy and the fp32
 log-softmax it saves for the backward, then the fp32 and bf16 gradients of the logits: at gla_340m's B8 T2048
 and 50,257 tokens each fp32 copy is 3.3 GB, about 8 GB at the peak. Here the forward takes CHUNK rows at a
-time: their logits (the same GEMM, in its dtype), then one kernel (ops/common/cross_entropy.py; on CPU the same
+time: their logits (the same GEMM, in its dtype), then one kernel (cross_entropy.py; on CPU the same
 steps in PyTorch) for the loss terms and, written over the logits, their gradient (softmax − onehot)/N in fp32
 math, cast to the GEMM dtype as PyTorch's chain casts it; dx for those rows and their share of dW follow by two
 GEMMs, and only dx ([B·T, d]) and dW ([vocab, d] fp32) are kept for the backward, which scales them by the
@@ -14,9 +14,6 @@ The GEMM FLOPs are PyTorch's (the backward's two GEMMs move into the forward). R
 well, except dW, which sums per-chunk bf16 products in fp32 rather than rounding one bf16 product. Without grad
 (evaluation) only the loss is computed. Under fp16 autocast the whole-logits chain runs instead (see
 linear_cross_entropy: the 1/N-scaled gradient would underflow in fp16 before the loss scaler's factor).
-H100, B8 T2048 (bench/results/2026-11-24-h100-chunked-loss-throughput.md), against the whole logits: 8.8, 8.9 and
-9.0 GB less peak memory on gla_340m, gdn_340m and gpt2_124m, and 6.4 %, 4.6 % and 12.8 % more tokens/s. With the
-chunk step as PyTorch ops instead of the kernel, the same memory cost 3–8 % of the speed (…-chunked-loss-torch-ops.md).
 """
 from __future__ import annotations
 
@@ -47,7 +44,7 @@ def _ce_rows_torch(z: torch.Tensor, t: torch.Tensor, ok: torch.Tensor, inv: torc
 class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, dtype, chunk, want_grad):
-        """x [N, d]; weight [vocab, d]; targets [N] int64 → the mean loss over the targets ≠ IGNORE_INDEX.
+        """x [N, d]; weight [vocab, d]; targets (N,) int64 → the mean loss over the targets ≠ IGNORE_INDEX.
         want_grad: decided by the caller (inside forward grad mode is always off, and ctx.needs_input_grad
         says only which inputs require grad, also under torch.no_grad())."""
         xc, wc = x.to(dtype), weight.to(dtype)

@@ -4,7 +4,7 @@
     y = silu(pre);  with head_dim: y ← y / max(‖y_head‖, eps) per group of head_dim channels (F.normalize)
 
 One forward kernel and one backward kernel, all math in fp32. x may be a column slice of a wider row-major
-tensor (the fused projection chain, issue [H], runs this on its GEMM's output): any row and batch stride,
+tensor (the fused projection chain runs this on its GEMM's output): any row and batch stride,
 unit channel stride. A program covers BT time rows × NH whole heads of HDP lanes (HDP = head_dim padded to
 a power of two, the padded lanes masked; without head_dim one "head" of BC channels). The W−1 halo rows
 before the block come from the W shifted loads of x (masked at t < 0; the overlap is served by L1/L2).
@@ -126,10 +126,16 @@ def _tiles(C: int, head_dim: int | None, cuda: bool) -> tuple[dict, int]:
     return dict(HD=hd, HDP=hdp, NH=nh, BT=bt), triton.cdiv(C, nh * hd)
 
 
+def conv_plan(C: int, head_dim: int | None, device: torch.device) -> str:
+    """The tiles the kernels launch with over C channels, for the run log."""
+    t, blocks = _tiles(C, head_dim, device.type == "cuda")
+    return f"{t['BT']} rows x {t['NH']} head(s) of {t['HD']} channels per program, {blocks} channel blocks"
+
+
 class ShortConvFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, head_dim, out_dtype):
-        """x [B, T, C] with unit channel stride; weight [C, W] contiguous; bias [C] or None."""
+        """x [B, T, C] with unit channel stride; weight [C, W] contiguous; bias (C,) or None."""
         B, T, C = x.shape
         tiles, nc = _tiles(C, head_dim, x.is_cuda)
         y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
@@ -176,7 +182,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                head_dim: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x: [B, T, C], may be a column slice of a wider row-major tensor (x.stride(-1) == 1, any row stride
     x.stride(1); batch stride x.stride(0)); weight: [C, W] (nn.Conv1d's [C, 1, W] squeezed; [C, 1, W] is
-    accepted too), any W ≤ 8; bias [C] or None. Returns silu(causal_conv(x)) as a contiguous [B, T, C]
+    accepted too), any W ≤ 8; bias (C,) or None. Returns silu(causal_conv(x)) as a contiguous [B, T, C]
     tensor in out_dtype (default x.dtype); with head_dim (any divisor of C; padded to a power of two inside
     the kernels), each group of head_dim channels is then L2-normalised like F.normalize(eps=1e-6):
     y / max(‖y‖, eps). All math in fp32. Gradients: dx [B, T, C] in x's dtype, dweight, dbias in theirs."""

@@ -1,47 +1,22 @@
-"""The input side of GLA's projection chain on the `fused` backend (issue [H], component `proj`):
+"""The input side of GLA's projection chain on the `fused` backend (component `proj`):
 
     q, k, v, r = x W_qᵀ, x W_kᵀ, x W_vᵀ, x W_rᵀ;   gk = logsigmoid((x W_downᵀ) W_upᵀ + b) / normalizer
 
-Forward: one bf16 copy of the weights into W_cat = [W_q; W_k; W_v; W_r; W_down] ([N, d], N = 2HK + 2HV + L;
-≈ 34 MB at the seed shape, rebuilt per call so nothing is cached); one Triton pass over x (the prologue) that
-writes xc = bf16(x), the rank-L `low` = xc W_downᵀ and gk = logsigmoid(low W_upᵀ + b)/normalizer (fp32); then the
-GEMM xc W_catᵀ writes q, k, v, r, each contiguous (as [B, T, H, D] tensors, since the GLA ops call .contiguous()
-and strided views of one [M, N] output would be copied there).
+Forward: one copy of the weights into W_cat = [W_q; W_k; W_v; W_r; W_down] ([N, d], N = 2HK + 2HV + L) in the
+compute dtype, rebuilt per call so nothing is cached; one Triton pass over x (the prologue) that writes xc = x in
+the compute dtype, the rank-L `low` = xc W_downᵀ and gk = logsigmoid(low W_upᵀ + b)/normalizer in fp32; then the
+GEMM xc W_catᵀ writes q, k, v, r, each contiguous as [B, T, H, D].
 Backward: one Triton kernel recomputes z from low and reduces dz = dgk·σ(−z)/normalizer in registers into
 partials of dlow = dz W_up, dW_up = dzᵀ low and db (dz never reaches HBM); dx = [dq | dk | dv | dr | dlow] W_cat,
-one GEMM, rounded once; the five dW_s = dA_sᵀ x by cuBLAS, fp32 straight from the accumulator. Saved: bf16 x, low,
-W_cat (PyTorch's chain keeps five bf16 casts of x and the fp32 logsigmoid input).
+one GEMM, rounded once; the five dW_s = dA_sᵀ x by cuBLAS, fp32 straight from the accumulator. Saved: xc, low and
+W_cat (PyTorch's chain keeps five casts of x and the fp32 logsigmoid input).
 
-The two big GEMMs (forward x W_catᵀ, backward dx) each have two engines. The library runs the forward by cuBLAS
-(`mm_gemm`: one mm per slice into its place) and dx by our Triton kernel (`triton_dgrad`: one K loop per
-gradient, so the five gradients need no concatenation, and fp32 dx is written once; by TMA on Hopper, where it
-runs at or above cuBLAS's rate: persistent, 1.53 ms, 720 TFLOP/s, against 1.87 by pointer loads). `TritonProjIn`
-runs the forward by our wide Triton GEMM too (its epilogue stores each column into its slice, reading x once);
-`CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). On the H100 at the seed shape,
-against the chain as the model runs it (x a computed tensor, cast at each F.linear), unfused ÷ variant, fwd /
-fwd+bwd, median of three runs (bench/results/2026-11-26-h100-proj-in-forward/): library 1.47× / 1.61×, CatProjIn
-1.38× / 1.49×, TritonProjIn 1.28× / 1.44×. Against the chain handed x as a leaf (autocast then caches its one
-cast), the library's is 1.21× / 1.29×. The forward is GEMM-bound: its four cuBLAS GEMMs take 1.63 of its 1.92 ms
-timed alone (1.42 by the profiler's kernel times, at boost clocks). Every engine pair stays tested against the
-oracle.
-
-The first design's prediction (2026-11-24; a cast kernel, the wide Triton GEMM, a gk kernel, dz written for a
-cuBLAS dW_up: not the kernels above, kept for the record) at the seed shape (B8 T4096 d2048 H16 K=V=128, L16;
-M = 32768, N = 8208; X = one [M, d] fp32 tensor = 268 MB, A = one [M, 2048] bf16 tensor = 134 MB; ~2.8 TB/s for
-elementwise kernels, ~650 TFLOP/s for cuBLAS bf16 GEMMs and ~550 for the Triton ones (proj_out v2's measurements)):
-  unfused fwd  5 casts of x 5 × 1.5X = 2013 MB; 4 GEMMs 2·M·d·2048 = 275 GFLOP each, 1100 GFLOP ≈ 1.69 ms;
-               gk chain (down, up, .float(), logsigmoid, /16) 1.75 GB; weight casts 101 MB
-               → 4968 MB, ≈ 1.69 + 3590 MB of elementwise ≈ 1.28 + small GEMMs 0.1 ≈ 3.1 ms
-  fused fwd    cast x 403 MB 0.14 ms; W_cat 101 MB 0.04; wide GEMM 2·M·d·N = 1102 GFLOP ≈ 2.0 ms (its 538 MB
-               of stores under other tiles' main loops); gk kernel 270 MB 0.1 → 1478 MB, ≈ 2.3 ms (1.35×)
-  unfused bwd  per slice dgrad + wgrad 550 GFLOP, dx_s bf16 → fp32 403 MB, dW cast 25 MB; x's grad summed
-               from 5 fp32 parts, 4 × 805 MB; gk chain backward 2.8 GB → 9970 MB, 2200 GFLOP ≈ 3.4 + 2.8 ≈ 6.2 ms
-  fused bwd    gk backward 408 MB 0.15 ms; dW_up 135 MB 0.05; dgrad 1102 GFLOP ≈ 2.0 ms writing fp32 dx once;
-               4 wgrads 1100 GFLOP ≈ 1.7 ms; dW_down, casts 0.1 → 2732 MB, ≈ 4.0 ms
-               fwd+bwd ≈ 6.3 ms vs unfused 9.3 ms (1.5×)
-Measured on the H100 (bench/results/2026-11-24-h100-proj-in.md), against that prediction (made for the Triton
-engine): unfused fwd 2.33 ms and Triton 2.30 (1.01×); fwd+bwd 6.88 vs 6.22 ms (1.11×). PyTorch's casts cost less
-than modelled and the wide Triton GEMM ran at ~480 TFLOP/s, hence the switch to cuBLAS above.
+The two big GEMMs each have two engines. The op runs the forward by cuBLAS (`mm_gemm`: one mm per slice into its
+place) and dx by our Triton kernel (`triton_dgrad`: one K loop per gradient, so the five gradients need no
+concatenation and dx is written once; persistent and by TMA on Hopper, by pointer loads elsewhere).
+`TritonProjIn` runs the forward by our wide Triton GEMM too (its epilogue stores each column into its slice,
+reading x once); `CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). Every engine pair is
+tested against the oracle; scripts/bench_ops.py times them side by side.
 """
 from __future__ import annotations
 
@@ -52,10 +27,10 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ops.triton_utils import check_triton_device
+from ops import backend_fn
 from ops.proj.gemm import INTERPRET_TILES, launch_gemm
-from ops.triton_utils import dot_precision
 from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
+from ops.triton_utils import check_dtypes, check_triton_device, dot_precision
 
 COMPONENTS = ("proj",)
 # The Triton forward GEMM and the pointer-load dx: 4 configs each (TMA_CONFIGS below for dx by TMA), keyed on the
@@ -77,14 +52,11 @@ def _tma_blocks(nargs: dict) -> None:
 
 
 # dx by TMA, persistent: one or two programs per SM (PER_SM; one CTA fits at a time), 128×256 or 256×128 tiles,
-# three stages. At the seed shape on the H100: 1.59 ms (128×256, two per SM) to 1.69; one program per tile took
-# 1.64–1.72 at the same tiles, and 128×128 tiles or BK = 128 1.87–2.19 (call2-kernel-sweeps.log and
-# call11-12-dgrad.txt in bench/results/2026-11-25-h100-proj-in-tma/).
+# three stages: on the H100 these beat one program per tile, 128×128 tiles and BK = 128.
 TMA_CONFIGS = [triton.Config(dict(BM=bm, BN=bn, BK=64, GROUP=8, PER_SM=per_sm), num_warps=8, num_stages=3,
                              pre_hook=_tma_blocks) for bm, bn in ((128, 256), (256, 128)) for per_sm in (1, 2)]
-# The prologue and gk backward stream [BR, BK] / [BR, BN] tiles (bound by HBM; no autotuning). Each is the best of
-# 24–48 launches swept on the H100 at the seed shape (bench/results/2026-11-25-h100-proj-in-tma/): the prologue
-# 0.277 ms against 0.299 for cast + rank-L mm + gk kernel; the gk backward 0.154.
+# The prologue and gk backward stream [BR, BK] / [BR, BN] tiles (bound by HBM; no autotuning): the best of a sweep
+# of launch configurations on the H100.
 PROLOGUE = dict(BR=64, BK=64, BN=128, num_warps=8, num_stages=3)
 GK_BWD = dict(BR=64, BN=128, num_warps=4, num_stages=3)
 GK_BWD_PROGRAMS = 264                            # ≈ 2 per SM on an H100
@@ -122,8 +94,7 @@ def widths(w_q: torch.Tensor, w_v: torch.Tensor, w_down: torch.Tensor) -> tuple[
 def cast_weights(ws: tuple[torch.Tensor, ...], w_up: torch.Tensor,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """W_cat [N, d] (ws stacked by rows) and W_up [HK, L], both in dtype, by one torch._foreach_copy_ (one launch
-    for all six casts on a GPU: 46 against 58 µs for six copy kernels at the seed shape, H100,
-    bench/results/2026-11-26-h100-proj-in-forward/), no fp32 intermediate."""
+    for all six casts on a GPU), no fp32 intermediate."""
     w_cat = torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], device=ws[0].device, dtype=dtype)
     wu = torch.empty(w_up.shape, device=w_up.device, dtype=dtype)
     rows = [0, *itertools.accumulate(w.shape[0] for w in ws)]
@@ -167,12 +138,21 @@ def tma_addressable(tensors: list[torch.Tensor]) -> bool:
                                                                    for s in t.stride()[:-1]) for t in tensors)
 
 
-def variant(device: torch.device) -> str:
-    """The dx engine on `device`, for the run log (ops.variant_notes)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
-        return ("dx by TMA (dgrad_tma_kernel) for bf16/fp16 operands whose widths are multiples of 16 bytes, "
-                "else by pointer loads (dgrad_kernel)")
-    return "dx by pointer loads (dgrad_kernel): TMA needs compute capability 9.0"
+def dx_engine(device: torch.device, dtype: torch.dtype, widths: tuple[int, ...]) -> str:
+    """Which dx kernel triton_dgrad picks on `device` for operands in `dtype` of these widths (d, HK, HV, L; every
+    row stride a multiple of 16 bytes, as freshly allocated tensors have), as tma_addressable decides it."""
+    if device.type == "cuda" and (torch.cuda.get_device_capability(device)[0] < 9 or dtype.itemsize != 2):
+        return "pointer loads"
+    return "TMA, persistent" if all(w * dtype.itemsize % 16 == 0 for w in widths) else "pointer loads"
+
+
+def plan(device: torch.device, M: int, d: int, HK: int, HV: int, L: int, dtype: torch.dtype, **_) -> str:
+    """What the op launches for M rows of x at these widths, for the run log."""
+    engine = dx_engine(device, dtype, (d, HK, HV, L))
+    configs = TMA_CONFIGS if engine.startswith("TMA") else GEMM_CONFIGS
+    return (f"forward: prologue kernel (cast, rank-{L} gate) then cuBLAS GEMMs into q, k, v, r; backward: gk "
+            f"kernel, dx by a Triton GEMM with {engine} (tiles autotuned over {len(configs)} configs, keyed on "
+            "the widths), dW by cuBLAS")
 
 
 def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int,
@@ -328,12 +308,14 @@ def launch(fn: type[torch.autograd.Function], x: torch.Tensor, w_q: torch.Tensor
     return q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), gk.view(B, T, H, -1), r.view(B, T, HV)
 
 
+@backend_fn(plan=plan)
 def proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
             w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
             normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
     """Shapes as ops.proj_in.naive.proj_in: x [B, T, d]; w_q, w_k [H·K, d]; w_v, w_r [H·V, d]; w_down [L, d];
     w_up [H·K, L]; b_up [H·K] → q, k [B, T, H, K], v [B, T, H, V] (x's dtype, or autocast's), gk [B, T, H, K]
     fp32, r [B, T, H·V]. Any K, V, L ≤ 64 (tiles are masked)."""
+    check_dtypes("proj_in", "fused", x, w_q)
     return launch(FusedProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
 
 
@@ -347,8 +329,7 @@ def proj_in_cat(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
 def proj_in_triton(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
                    w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
                    normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
-    """proj_in with the Triton engines (TritonProjIn): tested against the oracle like the library's path, and
-    timed beside it by scripts/bench_proj.py."""
+    """proj_in with the Triton engines (TritonProjIn): tested against the oracle like the op's own engines."""
     return launch(TritonProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
 
 

@@ -1,4 +1,4 @@
-"""Triton kernels of the fused input projection (issue [H]); ops/proj_in/fused.py launches them.
+"""Triton kernels of the fused input projection; fused.py launches them.
 
 Rows m = (b, t) flattened, M = B·T; d the model width; HK = H·K, HV = H·V, L the decay's low rank.
 W_cat = [W_q; W_k; W_v; W_r; W_down] is a row-major [N, d] bf16 copy of the five weights (N = 2HK + 2HV + L),
@@ -13,11 +13,10 @@ wants.
                      dlow = dz W_up, dW_up = dzᵀ low and db: dz is never stored
     dgrad_kernel     dx = dq W_q + dk W_k + dv W_v + dr W_r + dlow W_down: one K loop per operand,
                      one accumulator, so the five gradients are never concatenated and dx is written once
-    dgrad_tma_kernel the same on tensor descriptors, persistent: TMA loads and stores on Hopper (1.53 against
-                     1.87 ms at the seed shape, bench/results/2026-11-25-h100-proj-in-tma/), for widths TMA
+    dgrad_tma_kernel the same on tensor descriptors, persistent: TMA loads and stores on Hopper, for widths TMA
                      can address
 
-No dot accumulator is ever transposed (the Hopper miscompile in ../shared/GPU.md): W tiles that are needed
+No dot accumulator is ever transposed (Triton < 3.7.1 miscompiles that on Hopper): W tiles that are needed
 transposed are loaded transposed by their pointers, low by tl.trans of its loaded tile; dz (derived from the z
 accumulator) enters dots untransposed.
 """
@@ -39,7 +38,7 @@ def _slice_start(c, HK, HV):
 def gemm_in_kernel(x, w, out, M, D, HK, HV, PREC: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """[M, C4] = x[M, D] W_cat[:C4, D]ᵀ, fp32 accumulation, each column stored in its slice (module docstring).
-    The main loop is ops/common/gemm.py's (shared with proj_out); only the epilogue knows about slices."""
+    The main loop is ops/proj/gemm.py's (shared with proj_out); only the epilogue knows about slices."""
     C4 = 2 * HK + 2 * HV
     pid_m, pid_n = grouped_tile(M, C4, BM, BN, GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -113,8 +112,8 @@ def gk_bwd_kernel(low, w_up, b_up, dgk, dlow_p, dwu_p, db_p, M, HK, L, inv_norm,
         dlow_p[c, rows] = dz W_up[cols]       (fp32 partials, summed over c by the caller)
         dwu_p[s, :, cols] += lowᵀ dz           (dW_upᵀ partials, summed over s)
         db_p[s, cols] += Σ_rows dz
-    W_up's two tiles and b are loaded once per program. low is transposed as loaded, never an accumulator
-    (../shared/GPU.md); dz enters both dots in bf16, as cuBLAS's dW_up = dzᵀ low read it before."""
+    W_up's two tiles and b are loaded once per program. low is transposed as loaded, never an accumulator;
+    dz enters both dots in bf16, as a cuBLAS dW_up = dzᵀ low would read it."""
     pid_c, pid_s = tl.program_id(0), tl.program_id(1)
     cols = pid_c * BN + tl.arange(0, BN)
     ll = tl.arange(0, BL)
@@ -182,8 +181,7 @@ def dgrad_tma_kernel(dq, dk, dv, dr, dlow, w, w_low, dx, M, D, HK, HV, L, PREC: 
     w (W_cat) [BK, BN] and w_low (W_cat again, for the rank-L slice) [BL, BN]; dx [BM, BN / 2], whose stores clip
     the edges. Persistent: each program walks tiles num_programs apart, so one tile's fp32 stores (issued as two
     halves: a [BM, BN] fp32 staging buffer would not fit beside three pipeline stages) drain under the next
-    tile's loads. 1.59 against 1.67–1.72 ms for one program per tile in isolation, 1.53 in the op
-    (bench/results/2026-11-25-h100-proj-in-tma/).
+    tile's loads (faster on the H100 than one program per tile).
     PER_SM: programs per SM, read by the launch grid only (an autotuned choice)."""
     for t in tl.range(tl.program_id(0), tl.cdiv(M, BM) * tl.cdiv(D, BN), tl.num_programs(0)):
         pid_m, pid_n = tile_of(t, M, D, BM, BN, GROUP)

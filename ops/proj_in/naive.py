@@ -1,4 +1,4 @@
-"""The input side of GLA's projection chain, in PyTorch: the oracle for issue [H]'s `proj` component and
+"""The input side of GLA's projection chain, in PyTorch: the oracle for the fused `proj` component and
 what the GLA layer runs when `proj` is not fused.
 
     q = x W_qᵀ,  k = x W_kᵀ,  v = x W_vᵀ,  r = x W_rᵀ                  (r: the output gate, before its SiLU)
@@ -29,3 +29,24 @@ def proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Te
     gk = F.logsigmoid(z.float()).view(B, T, H, -1) / normalizer                # [B, T, H, K] fp32
     r = F.linear(x, w_r)                                                       # [B, T, H·V]
     return q, k, v, gk, r
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True, bias_scale: float = 1.0,
+                normalizer: float = 16.0) -> dict:
+    """The keyword arguments of `proj_in` at shape {B, T, d, H, K, V, L}, shared by the tests and the benchmark:
+    x [B, T, d] and the seven parameters in nn.Linear's layouts, in dtype (fp32: the model's x and parameters
+    under autocast), scaled so that z = low W_upᵀ + b is O(1) (bias_scale stretches it into logsigmoid's
+    saturated tails); n_heads and normalizer. Drawn on `device` from `seed`, or from a fresh seed when None;
+    every tensor is a leaf, requiring grad if asked."""
+    B, T, d, H, K, V, L = (shape[n] for n in ("B", "T", "d", "H", "K", "V", "L"))
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+
+    def draw(*size, scale=1.0):
+        return (torch.randn(size, generator=g, device=device, dtype=torch.float64 if dtype == torch.float64 else
+                            torch.float32) * scale).to(dtype).requires_grad_(requires_grad)
+    out = {"x": draw(B, T, d)}
+    out |= {n: draw(rows, d, scale=d ** -0.5) for n, rows in (("w_q", H * K), ("w_k", H * K), ("w_v", H * V),
+                                                             ("w_r", H * V), ("w_down", L))}
+    out |= {"w_up": draw(H * K, L, scale=L ** -0.5), "b_up": draw(H * K, scale=bias_scale)}
+    return {**out, "n_heads": H, "normalizer": normalizer}

@@ -1,35 +1,21 @@
-"""The output side of the projection chain on the `fused` backend (issue [H], component `proj`), in
-either of naive.py's two orderings of the norm and the gate:
+"""The output side of the projection chain on the `fused` backend (component `proj`), in either of naive.py's
+two orderings of the norm and the gate:
 
     y = residual + (RMSNorm_head(o) · w ⊙ silu(r)) W_oᵀ          GLA, Gated DeltaNet (gate_first=False)
     y = residual + (RMSNorm_head(o ⊙ silu(r)) · w) W_oᵀ          Mamba-2 (gate_first=True; one head, V = d_inner)
 
-Forward, two kernels (ops/proj_out/kernels.py): one elementwise pass forms the gated input g (either
-ordering; a constexpr switch of the same kernel) once per row (a bf16 [M, H·V] buffer), then a pipelined Triton GEMM
-computes g W_oᵀ with the residual add in its epilogue, so y is written once, in the residual's dtype.
-Backward: dg = dy W_o (cuBLAS), one elementwise kernel that recomputes the norm statistics and the
-gate from o and r and writes g, do, dr and per-program partial sums of the norm weight's gradient,
-then dW_o = dyᵀ g (cuBLAS); the residual's gradient is dy itself. The op saves only o and r (and the
-weights): g is recomputed, not kept, where PyTorch's chain keeps normed, silu(r) and g as well.
+Forward, two kernels (kernels.py): one elementwise pass forms the gated input g once per row (either ordering, a
+constexpr switch of the same kernel), then a pipelined Triton GEMM computes g W_oᵀ with the residual add in its
+epilogue, so y is written once, in the residual's dtype. The GEMM is Triton rather than cuBLAS because cuBLAS
+cannot take the fp32 residual in its epilogue with bf16 operands (mm then add writes and reads y twice more).
+Backward: dg = dy W_o (cuBLAS), one elementwise kernel that recomputes the norm statistics and the gate from o and
+r and writes g, do, dr and per-program partial sums of the norm weight's gradient, then dW_o = dyᵀ g (cuBLAS); the
+residual's gradient is dy itself. The op saves only o and r (and the weights): g is recomputed, not kept, where
+PyTorch's chain keeps normed, silu(r) and g as well.
 
-Predicted H100 time at the seed shape (B8 T4096 H16 V128 d2048; M = 32768, K = H·V = 2048, N = 2048;
-A = one [M, K] bf16 tensor = 134 MB, R = one [M, N] fp32 tensor = 268 MB; ~2.7 TB/s reached by an
-elementwise kernel; ~550 TFLOP/s by a bf16 GEMM, the rate the unfused chain's timings imply):
-  forward   W_o → bf16 25 MB 0.01 ms; gate 3A = 403 MB 0.15 ms; GEMM 2MNK = 275 GFLOP 0.50 ms with its
-            epilogue's 2R = 537 MB mostly hidden under other tiles' main loops → ≈ 0.52 ms; total ≈ 0.68 ms
-            (unfused 1.18 ms: 1.7×)
-  backward  dy fp32 → bf16 (read R, write 134 MB) 403 MB 0.15 ms; dg 0.50 ms; gate backward 6A = 805 MB 0.30 ms;
-            dW_o 0.50 ms; dW_o → fp32 0.01 ms → ≈ 1.47 ms; forward+backward ≈ 2.15 ms (unfused 3.07: 1.4×)
-The GEMM is Triton rather than cuBLAS because cuBLAS cannot take the fp32 residual in its epilogue with
-bf16 operands (torch.mm, then the add: +2 × 134 MB of bf16 y written and read, the add 671 MB ≈ 0.25 ms, so
-a forward of ≈ 0.91 ms); the Triton GEMM wins while it takes < 0.75 ms with its epilogue (> 370 TFLOP/s).
-scripts/bench_proj.py times that cuBLAS variant (and addmm with an fp32 out_dtype, where torch has it).
-Measured on the H100 (bench/results/2026-11-24-h100-proj-v3-out.md): forward 0.736 ms against unfused 1.194
-(1.62×), forward+backward 1.98 against 3.09 ms (1.56×); cuBLAS mm + add 0.784 ms, addmm 0.765.
-
-Under autocast the op computes in the autocast dtype, as F.linear would (o, r and W_o cast to it; the
-norm weight stays fp32 inside the kernels); its output takes the residual's dtype (fp32 in the model's
-residual stream), like `residual + y` does.
+Under autocast the op computes in the autocast dtype, as F.linear would (o, r and W_o cast to it; the norm weight
+stays fp32 inside the kernels); its output takes the residual's dtype (fp32 in the model's residual stream), like
+`residual + y` does.
 """
 from __future__ import annotations
 
@@ -38,10 +24,10 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.triton_utils import check_triton_device
+from ops import backend_fn
 from ops.proj.gemm import launch_gemm
-from ops.triton_utils import dot_precision
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
+from ops.triton_utils import check_dtypes, check_triton_device, dot_precision
 
 COMPONENTS = ("proj",)
 # The GEMM's tiles: 6 configs, keyed on (d, H·V) and the residual switch, never on the rows. 128×256 and
@@ -86,9 +72,17 @@ def _rows_per_tile(V: int, cuda: bool) -> tuple[int, int]:
     return bv, max(1, (TILE_ELEMS if cuda else INTERPRET_TILE_ELEMS) // bv)
 
 
+def plan(device: torch.device, M: int, H: int, V: int, d: int, **_) -> str:
+    """What the op launches for M rows at these widths, for the run log."""
+    bv, br = _rows_per_tile(V, device.type == "cuda")
+    return (f"forward: gate kernel ({br} head-row(s) of {bv} per program step), then a Triton GEMM with the residual "
+            f"add in its epilogue (tiles autotuned over {len(GEMM_CONFIGS)} configs, keyed on d and H·V); "
+            "backward: cuBLAS dg, gate backward kernel, cuBLAS dW_o")
+
+
 def gate_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int,
              gate_first: bool = False) -> torch.Tensor:
-    """o: [M, H·V] contiguous; r: [M, H·V] with unit column stride (any row stride); nw: [V] fp32 →
+    """o: [M, H·V] contiguous; r: [M, H·V] with unit column stride (any row stride); nw: (V,) fp32 →
     g = RMSNorm_head(o)·nw ⊙ silu(r) (gate_first: RMSNorm_head(o ⊙ silu(r))·nw), [M, H·V] in o's dtype."""
     g = torch.empty_like(o)
     R = o.numel() // V
@@ -112,8 +106,8 @@ def gemm_res(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out_dty
 
 def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: int,
              gate_first: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dg, o: [M, H·V] contiguous; r as gate_fwd's; nw: [V] fp32 → g, do, dr ([M, H·V] contiguous, o's dtype) and
-    the norm weight's gradient [V] fp32."""
+    """dg, o: [M, H·V] contiguous; r as gate_fwd's; nw: (V,) fp32 → g, do, dr ([M, H·V] contiguous, o's dtype) and
+    the norm weight's gradient (V,) fp32."""
     g, do, dr = (torch.empty_like(o) for _ in range(3))
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
@@ -130,7 +124,7 @@ class FusedProjOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, r, nw, w, res, eps, V, gate_first):
         """o, r: [M, H·V] in the compute dtype (o contiguous, r with unit column stride: it is saved as
-        given, a view of the input projection's output where the model passes one); nw [V]; w [N, H·V];
+        given, a view of the input projection's output where the model passes one); nw (V,); w [N, H·V];
         res [M, N] or None."""
         out_dtype = res.dtype if res is not None else w.dtype
         y = gemm_res(gate_fwd(o, r, nw.float(), eps, V, gate_first), w, res, out_dtype)
@@ -175,11 +169,13 @@ def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, 
     return y.view(B, T, N)
 
 
+@backend_fn(plan=plan)
 def proj_out(o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor, w_o: torch.Tensor,
              residual: torch.Tensor | None = None, eps: float = 1e-6, *, gate_first: bool = False) -> torch.Tensor:
-    """Shapes and orderings as ops.proj_out.naive.proj_out: o [B, T, H, V], r [B, T, H·V], norm_weight [V],
+    """Shapes and orderings as ops.proj_out.naive.proj_out: o [B, T, H, V], r [B, T, H·V], norm_weight (V,),
     w_o [d, H·V], residual [B, T, d] or None → [B, T, d]; gate_first: the norm after the gate (Mamba-2).
     Any V (a head is padded to a power of two inside the elementwise kernels; sized for V ≤ 4096)."""
+    check_dtypes("proj_out", "fused", o, r, w_o)
     return launch(FusedProjOut, o, r, norm_weight, w_o, residual, eps, gate_first)
 
 

@@ -1,4 +1,4 @@
-"""Triton kernels of the fused output projection (issue [H]); ops/proj_out/fused.py launches them.
+"""Triton kernels of the fused output projection; fused.py launches them.
 
 Rows m = (b, t) flattened, M = B·T; K = H·V; N = d. Every tensor is row-major. A [M, H·V] activation
 is also a row-major [M·H, V] matrix whose rows are single heads, so the per-head RMSNorm is a plain
@@ -15,13 +15,12 @@ GEMM output (Gated DeltaNet's r, Mamba-2's z), read in place rather than copied 
                       GATE_FIRST: dû = dg ⊙ w;  du = rstd (dû − û · mean_V(dû ⊙ û));  do = du ⊙ s;
                       dr = du ⊙ o ⊙ silu'(r);  dw = Σ_rows dg ⊙ û
 
-Why three kernels and not one GEMM with the gate in its prologue (the first version): that GEMM formed
-its A tile in registers for every BN-wide output tile, recomputing the norm and the gate d/BN times
-(8× at d = 2048) and keeping the pipeliner from streaming A into shared memory, so it ran at 0.65× the
-unfused chain. Writing g once (one extra [M, H·V] bf16 write and read) lets the GEMM be a plain,
-pipelined tl.dot loop; the residual add stays in its epilogue, so y never round-trips through HBM.
-No dot accumulator is ever transposed (the Hopper miscompile in ../shared/GPU.md): W_oᵀ's tile is
-loaded transposed by its pointers.
+Why three kernels and not one GEMM with the gate in its prologue: that GEMM would form its A tile in
+registers for every BN-wide output tile, recomputing the norm and the gate d/BN times and keeping the
+pipeliner from streaming A into shared memory (it ran slower than the unfused chain). Writing g once (one
+extra [M, H·V] bf16 write and read) lets the GEMM be a plain, pipelined tl.dot loop; the residual add stays
+in its epilogue, so y never round-trips through HBM. No dot accumulator is ever transposed (Triton < 3.7.1
+miscompiles that on Hopper): W_oᵀ's tile is loaded transposed by its pointers.
 """
 from __future__ import annotations
 
@@ -72,7 +71,7 @@ def gate_fwd_kernel(o, r, nw, g, R, RS, eps, H: tl.constexpr, V: tl.constexpr, B
 def gemm_res_kernel(a, w, res, y, M, N, K, HAS_RES: tl.constexpr, PREC: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """y[M, N] = a[M, K] W[N, K]ᵀ (+ res[M, N]), fp32 accumulation, stored in y's dtype.
-    The main loop is ops/common/gemm.py's; the residual is read once, in the epilogue."""
+    The main loop is ops/proj/gemm.py's; the residual is read once, in the epilogue."""
     pid_m, pid_n = grouped_tile(M, N, BM, BN, GROUP)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)

@@ -1,7 +1,6 @@
-"""The RA+MLA backward's memory-bound passes around the flash kernels (ops/ramla/flash_kernels.py): δ before
-them, and after them the sum that turns the kernels' fp32 partials of dk and dv into the input dtype in one
-pass with one rounding. As torch ops the same glue took 0.22 of the backward's 1.0 ms at GPT-2's
-B8 T2048 H12 L64 on the H100 (bench/results/2026-11-25-h100-ramla-backward.md); these passes take 0.04.
+"""The RA+MLA backward's memory-bound passes around the flash kernels (flash_kernels.py): δ before them, and
+after them the sum that turns the kernels' fp32 partials of dk and dv into the input dtype in one pass with one
+rounding (as torch ops the same glue costs about five times as long).
 """
 from __future__ import annotations
 
@@ -11,9 +10,8 @@ import triton.language as tl
 
 @triton.jit
 def ramla_bwd_delta_kernel(o, do, delta, R, L: tl.constexpr, BR: tl.constexpr):
-    """δ_r = do_r·o_r in fp32 for the R rows of o, do [R, L] (input dtype) → delta [R]. One read of each in
-    the input dtype: as torch ops the two fp32 casts, product and sum moved 7× the bytes (0.13 ms at GPT-2's
-    B8 T2048 H12 L64 on the H100)."""
+    """δ_r = do_r·o_r in fp32 for the R rows of o, do [R, L] (input dtype) → delta (R,). One read of each in
+    the input dtype, where torch ops (two fp32 casts, a product and a sum) move 7× the bytes."""
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     m_r = o_r < R
     p = o_r[:, None] * L + tl.arange(0, L)[None, :]

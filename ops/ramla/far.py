@@ -1,4 +1,4 @@
-"""The far field of RA+MLA on SDPA's own attention kernels (the `fused` backend's split form, issue [I]).
+"""The far field of RA+MLA on SDPA's own attention kernels (the `fused` backend's split form).
 
 A key j < i − W carries no reciprocal term, so that part of the attention is plain causal attention: the
 queries W + 1 … T − 1 against the keys 0 … T − W − 2 with the usual top-left causal mask. SDPA's kernels
@@ -32,11 +32,10 @@ def supports(q: torch.Tensor) -> bool:
 
 def choose(q: torch.Tensor, kernel: str) -> str:
     """`kernel` ('auto' or one of KERNELS) for q's device: on Hopper and later 'auto' is cuDNN's kernel where
-    enabled, which measured 1.6x FlashAttention-2's forward at GPT-2's shape on the H100 (bench_wmma's table).
-    Where SDPA's flash kernel is disabled 'auto' is cuDNN's on any GPU. Under torch.use_deterministic_algorithms
-    'auto' is FlashAttention-2's, whose backward torch then runs deterministically; cuDNN's backward is not
-    bitwise repeatable (dq differed by 4.9e-4 between two identical runs on the H100,
-    tests/ops/test_determinism.py), so asking for it there is an error (a warning in warn-only mode)."""
+    enabled, which is faster than FlashAttention-2's forward at GPT-2's shape on the H100. Where SDPA's flash kernel
+    is disabled 'auto' is cuDNN's on any GPU. Under torch.use_deterministic_algorithms 'auto' is FlashAttention-2's,
+    whose backward torch then runs deterministically; cuDNN's backward is not bitwise repeatable
+    (tests/ops/test_determinism.py), so asking for it there is an error (a warning in warn-only mode)."""
     import warnings
 
     from ops import BackendError

@@ -1,4 +1,4 @@
-"""Flash-style RA+MLA in latent space: Triton kernels for the `fused` backend (issue [I]).
+"""Flash-style RA+MLA in latent space: Triton kernels for the `fused` backend.
 
 The kernels see the attention after the query-to-latent map and before the V up-projection:
 
@@ -9,7 +9,7 @@ The kernels see the attention after the query-to-latent map and before the V up-
 
 The band term is the transposed score S_ji. A tile of it is the dot of the key rows' q with the
 query rows' k, so the kernels form it directly instead of transposing a score tile: `tl.trans` of
-a `tl.dot` result fed into another `tl.dot` is miscompiled on Hopper by Triton < 3.7.1 (GPU.md).
+a `tl.dot` result fed into another `tl.dot` is miscompiled on Hopper by Triton < 3.7.1.
 For the same reason the dk/dv kernel computes the scores transposed, keys on rows (as Triton's
 flash-attention tutorial does).
 
@@ -19,15 +19,13 @@ Backward (FlashAttention-2: recompute p from lse, ds = p ⊙ (dp − δ), δ_i =
     dq_i += scale Σ_j ds_ij k_j     dk_i += α scale Σ_h Σ_j [band] ds_ij q_j     (`ramla_bwd_dq_kernel`, per query block)
 Each kernel owns its rows, so there are no atomics: the dq kernel runs second and adds the dk/dv kernel's column
 sums (dq_band) to its row sums. That recomputes the scores and dp once more (7 tile GEMMs against
-FlashAttention-2's 5), yet the one-kernel form with dq summed by fp32 atomic adds measured slower on the H100 at
-every tile tried (bench/results/2026-11-25-h100-ramla-atomic-dq.md) and was removed. The memory-bound passes around
-these kernels are in ops/ramla/bwd_passes.py. k and v are shared by all heads, so a backward program takes a group
+FlashAttention-2's 5), yet the one-kernel form with dq summed by fp32 atomic adds is slower on the H100 at every
+tile. The memory-bound passes around these kernels are in bwd_passes.py. k and v are shared by all heads, so a backward program takes a group
 of HP heads and sums their dk and dv on chip; `ramla_bwd_reduce_kernel` adds the groups' partial sums (H / HP of
 them) in one pass. HP trades that summing against parallelism: all heads in one program leave only B·T/64 programs
 (256 at GPT-2's B8 T2048, under two per SM, the causal ones uneven). The causal programs' work differs up to
 T/64-fold, so the backward grids put the block index slowest and launch the longest blocks first; launched block-
-fastest, the longest programs started late and ran alone at the end (−58 µs of the dk/dv kernel's 426 and −40 of
-the dq kernel's 279 at B8 T2048 H12 on the H100).
+fastest, the longest programs start late and run alone at the end.
 
 FAR (the split form, ops/ramla/fused.py): the keys j < i − W carry no band term, so their part of the
 attention is plain causal attention shifted by W + 1, which SDPA's kernels compute (o_far, lse_far). The

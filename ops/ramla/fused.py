@@ -1,16 +1,14 @@
-"""RA+MLA on the `fused` backend (issue [I]): flash-style attention in latent space, O(T) memory.
+"""RA+MLA on the `fused` backend: flash-style attention in latent space, O(T) memory.
 
     q_lat = q_h W_ql[h]                      one batched GEMM over the heads (cuBLAS), [H, B, T, L]
-    ctx_lat, lse = flash kernels             ops/ramla/flash_kernels.py: online softmax, the band from
-                                             the transposed tile, K_lat/V_lat shared by all heads
+    ctx_lat, lse = flash kernels             flash_kernels.py: online softmax, the band from the transposed
+                                             tile, K_lat/V_lat shared by all heads
     ctx = ctx_lat,h W_vu[h]                  one batched GEMM, [B, T, H, D]
 
-The backward recomputes the scores tile by tile from lse; nothing of size T×T is ever stored. The
-two per-head maps run as cuBLAS GEMMs around the kernels rather than inside them: at GPT-2 shapes
-each is a [B·T, D]×[D, L] product per head that cuBLAS runs near peak, while folding W_ql into the
-query tile would redo it once per key block's band term, and the epilogue form of W_vu would still
-have to store ctx_lat for dW_vu. Measured on the H100 (bench/results/2026-11-23-h100-ramla-report.md):
-the two maps take 0.20 of the op's 1.45 ms forward+backward at B8 T2048 H12 D64 L64.
+The backward recomputes the scores tile by tile from lse; nothing of size T×T is ever stored. The two per-head
+maps run as cuBLAS GEMMs around the kernels rather than inside them: at GPT-2 shapes each is a [B·T, D]×[D, L]
+product per head that cuBLAS runs near peak, while folding W_ql into the query tile would redo it once per key
+block's band term, and the epilogue form of W_vu would still have to store ctx_lat for dW_vu.
 """
 from __future__ import annotations
 
@@ -19,24 +17,21 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops.triton_utils import check_triton_device
-from ops.triton_utils import sm_count
-from ops.triton_utils import dot_precision
+from ops import backend_fn
 from ops.ramla import far
 from ops.ramla.bwd_passes import ramla_bwd_delta_kernel, ramla_bwd_reduce_kernel
 from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
+from ops.triton_utils import check_dtypes, check_triton_device, dot_precision, sm_count
 
 COMPONENTS = ()                  # the whole op is one fused component; `--fuse` has nothing to choose here
 LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot's minimum
-# query rows × key rows per tile, and the launch, per kernel; scripts/bench_ramla.py --sweep times others
+# query rows × key rows per tile, and the launch, per kernel
 TILES = {"fwd": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dkv": dict(BM=64, BN=64, num_warps=4, num_stages=2),
          "dq": dict(BM=64, BN=64, num_warps=4, num_stages=2)}
 # Registers per thread for the backward kernels on plain MLA (α = None): at 168 three 4-warp programs fit an SM
-# instead of two. On the H100 (bench/results/2026-11-26-h100-ramla-band-cost.md) that took the dk/dv kernel from
-# 285 to 263 µs and the dq kernel from 202 to 164 at B8 T2048 H12 L64, though each then spills 42-44 registers.
-# With the band the kernels need 255 and got far slower capped (dk/dv 361 → 677 µs at 168), so they stay uncapped.
-# None: no cap.
+# instead of two, which pays on the H100 despite a small spill. With the band the kernels need 255 and run far
+# slower capped, so they stay uncapped. None: no cap.
 PLAIN_MAXNREG: int | None = 168
 ROWS = 64                        # rows per program of the backward's δ and dk/dv-sum passes (memory-bound)
 PROGRAMS_PER_SM = 4              # backward: enough programs to even out the causal tiles' unequal work
@@ -44,12 +39,10 @@ HEADS_PER_PROGRAM: int | None = None   # backward head-group size; None: heads_p
 # The split form: the keys past the band (j < i − W, plain causal attention) on SDPA's kernel, the band in the
 # Triton kernels ('sdpa'); or every score in the Triton kernels ('triton'). 'auto' splits where SDPA has a kernel
 # that returns the log-sum-exp (far.supports: fp16/bf16 on a GPU, any dtype on the CPU), T ≥ FAR_MIN_T and
-# torch.use_deterministic_algorithms is off. On the H100 (bench/results/2026-11-25-h100-ramla-backward.md, device
-# time of a CUDA-graph replay) the split's core forward+backward took 0.83x the all-Triton time at T = 8192 and
-# tied it at 4096 (0.94x in another call); at 2048 the op took more device time split. The split's cuDNN backward
-# is not bitwise repeatable (the all-Triton form is), so 'auto' splits only where it saves a sixth or more: from
-# 8192. On GPUs before Hopper 'auto' takes FlashAttention-2 for the far field (cuDNN's where SDPA's flash kernel
-# is disabled), which is unmeasured there (on the H100 it was slower than the all-Triton form at T = 4096 and 8192).
+# torch.use_deterministic_algorithms is off. On the H100 the split pays from T = 8192 and ties or loses below; its
+# cuDNN backward is not bitwise repeatable (the all-Triton form is), so 'auto' splits only where it saves a sixth
+# or more. Before Hopper 'auto' takes FlashAttention-2 for the far field (cuDNN's where SDPA's flash kernel is
+# disabled).
 FAR = "auto"
 FAR_KERNEL = "auto"              # SDPA's kernel for the far field: 'auto', 'cudnn' or 'flash' (far.choose)
 FAR_MIN_T = 8192
@@ -159,6 +152,18 @@ def heads_per_program(B: int, T: int, H: int, device: torch.device) -> int:
     return max(fits, default=1)
 
 
+def plan(device: torch.device, B: int, T: int, H: int, L: int, W: int, plain: bool, dtype: torch.dtype,
+         **_) -> str:
+    """What the op launches at these dims, decided as ramla and far_kernel decide it, for the run log."""
+    far_k = far_kernel(torch.empty((0, 0, T, L), dtype=dtype, device=device))
+    scores = f"keys past the band on SDPA's {far_k} kernel, the band in Triton" if far_k else "all scores in Triton"
+    cap = f", registers capped at {PLAIN_MAXNREG}" if plain and PLAIN_MAXNREG else ""
+    band = "plain MLA (no band)" if plain else f"reciprocal band W={W}"
+    return (f"{band}; flash kernels with {TILES['fwd']['BM']}x{TILES['fwd']['BN']} tiles, {scores}; backward "
+            f"{heads_per_program(B, T, H, device)} heads per program{cap}; W_ql and W_vu by cuBLAS")
+
+
+@backend_fn(plan=plan)
 def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
           w_vu: torch.Tensor, alpha: torch.Tensor | None, window: int,
           scale: float | None = None) -> torch.Tensor:
@@ -173,6 +178,7 @@ def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch
                            "or use --backend naive")
     if window < 0:
         raise ValueError(f"ramla: the band W must be ≥ 0, got {window}")
+    check_dtypes("ramla", "fused", q, k_lat, v_lat)
     scale = L ** -0.5 if scale is None else scale
     B, T, H, D = q.shape
     q_lat = latent_queries(q, w_ql)

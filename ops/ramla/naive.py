@@ -1,12 +1,12 @@
 """RA+MLA (reciprocal attention + multi-head latent attention) oracles in PyTorch.
 
-Per layer, with latent dim L and band W (../shared/DESIGN.md §3):
+Per layer, with latent dim L and band W:
     q_lat,h = Q_h W_ql[h]                                   Q: [T, H, D], W_ql: [H, D, L]
     s_ij = q_lat,i · K_lat,j / √L                           (j ≤ i)
     s_ij += α · q_lat,j · K_lat,i / √L                      (0 ≤ i − j ≤ W): the transposed score S_ji
     ctx_h = softmax_j(s) V_lat W_vu[h]                      K_lat, V_lat: [T, L], shared by all heads
 `ramla` with α = None is plain MLA and runs on SDPA in latent space (O(T) memory); with α it
-materialises the T×T scores, which is what the fused kernel ([I]) must beat.
+materialises the T×T scores, which is what the fused kernels must beat.
 """
 from __future__ import annotations
 
@@ -53,3 +53,23 @@ def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch
         ctx = p @ v_lat.unsqueeze(1)                                                 # [B, H, T, L]
         o = torch.einsum("bhtl,hld->bthd", ctx, w_vu)                                # [B, T, H, D]
     return o.to(dtype)
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True, alpha: float | None = 0.5) -> dict:
+    """The keyword arguments of `ramla` at shape {B, T, H, D, L} (and W, the band, 64 if absent), shared by the
+    tests and the benchmark: q [B, T, H, D], k_lat, v_lat [B, T, L] in dtype; w_ql [H, D, L] / √D, w_vu [H, L, D]
+    / √L and alpha (a 0-d tensor; None for plain MLA) in fp32 (fp64 for fp64 inputs), as the model holds them;
+    window. Drawn on `device` from `seed`, or from a fresh seed when None; every tensor is a leaf, requiring grad
+    if asked."""
+    B, T, H, D, L = (shape[n] for n in "BTHDL")
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def draw(*size, scale=1.0, to=acc):
+        return (torch.randn(size, generator=g, device=device, dtype=acc) * scale).to(to)
+    out = {"q": draw(B, T, H, D, to=dtype), "k_lat": draw(B, T, L, to=dtype), "v_lat": draw(B, T, L, to=dtype),
+           "w_ql": draw(H, D, L, scale=D ** -0.5), "w_vu": draw(H, L, D, scale=L ** -0.5),
+           "alpha": None if alpha is None else torch.tensor(alpha, device=device, dtype=acc)}
+    out = {n: None if t is None else t.requires_grad_(requires_grad) for n, t in out.items()}
+    return {**out, "window": shape.get("W", 64)}

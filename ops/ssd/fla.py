@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import torch
 
-from ops import require_fla
+from ops import backend_fn, check_chunk_size, require_fla
 from ops.ssd.naive import expand_groups
 
-
 check_available = require_fla       # ops.get_op calls it with (op, backend)
+CHUNK_SIZES = (64,)                 # fla's chunk kernels fix C = 64
 
 
+@backend_fn(chunk_sizes=CHUNK_SIZES)
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-        initial_state: torch.Tensor | None = None,
-        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+        chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.ssd.naive.ssd."""
     from fla.ops.simple_gla import chunk_simple_gla
 
+    check_chunk_size("ssd", "fla", chunk_size, CHUNK_SIZES)
     H = x.shape[2]
     v = (x * dt.unsqueeze(-1)).to(x.dtype)
     q, k = expand_groups(C, H).to(x.dtype), expand_groups(B, H).to(x.dtype)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ops.gla.naive import chunkwise_gla
+from ops import backend_fn
+from ops.gla.naive import CHUNK_SIZE, CHUNK_SIZES, chunkwise_gla
 
 
 def expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
@@ -25,7 +26,7 @@ def expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
 def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                   initial_state: torch.Tensor | None = None,
                   output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [B, T, H, P]; dt: [B, T, H] (> 0, after softplus); A: [H] (< 0); B, C: [B, T, G, N];
+    """x: [B, T, H, P]; dt: [B, T, H] (> 0, after softplus); A: (H,) (< 0); B, C: [B, T, G, N];
     initial_state: [B, H, N, P]. Returns y [B, T, H, P] in x's dtype and the final state."""
     Bsz, T, H, P = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -41,9 +42,10 @@ def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
     return y.to(x.dtype), (h if output_final_state else None)
 
 
+@backend_fn(chunk_sizes=CHUNK_SIZES)
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-        initial_state: torch.Tensor | None = None,
-        output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+        chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise SSD (the `naive` backend), through GLA's chunkwise form; shapes as ssd_recurrent.
     Returns y [B, T, H, P] in x's dtype and, if asked, the final state [B, H, N, P] in fp32."""
     H = x.shape[2]
@@ -51,5 +53,38 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         v = x.to(acc) * dt.to(acc).unsqueeze(-1)                                       # [B, T, H, P]
         gk = (dt.to(acc) * A.to(acc)).unsqueeze(-1)                                    # [B, T, H, 1]
-        y, h = chunkwise_gla(expand_groups(C, H), expand_groups(B, H), v, gk, 1.0, initial_state, True)
+        y, h = chunkwise_gla(expand_groups(C, H), expand_groups(B, H), v, gk, 1.0, initial_state, True, chunk_size)
     return y.to(x.dtype), (h if output_final_state else None)
+
+
+# dt regimes of make_inputs (the decay per step is dt·A with A in [−16, −1]): the model's, and uniform ranges
+DT = {"model": "softplus(N(0, 1) − 3), the Mamba-2 layer's", "realistic": (1e-3, 0.1), "large": (1.0, 20.0)}
+
+
+def make_inputs(shape: dict, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                seed: int | None = 0, requires_grad: bool = True, decay: str = "model",
+                initial_state: bool = False) -> dict:
+    """The keyword arguments of `ssd` at shape {B, T, H, P, G, N}, shared by the tests and the benchmark:
+    x [B, T, H, P] and B, C [B, T, G, N] in dtype; dt [B, T, H], A (H,) = −(U[0, 1)·15 + 1) and, with
+    initial_state, initial_state [B, H, N, P] in fp32 (fp64 for fp64 inputs).
+
+    decay (DT) sets dt and so the log-decay dt·A: 'model' softplus(z − 3); 'realistic' dt uniform in
+    [1e-3, 0.1) (dt·A from −1.6 to −1e-3); 'large' in [1, 20) (down to −320 a step). Drawn on `device` from
+    `seed`, or from a fresh seed when None; every tensor is a leaf, requiring grad if asked."""
+    B, T, H, P, G, N = (shape[n] for n in ("B", "T", "H", "P", "G", "N"))
+    g = torch.Generator(device=device).manual_seed(torch.seed() % 2**31 if seed is None else seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    x = torch.randn(B, T, H, P, generator=g, device=device, dtype=acc).to(dtype)
+    if decay == "model":
+        dt = torch.nn.functional.softplus(torch.randn(B, T, H, generator=g, device=device, dtype=acc) - 3)
+    elif isinstance(DT.get(decay), tuple):
+        lo, hi = DT[decay]
+        dt = torch.rand(B, T, H, generator=g, device=device, dtype=acc) * (hi - lo) + lo
+    else:
+        raise ValueError(f"ssd make_inputs: decay {decay!r}; one of {', '.join(DT)}")
+    A = -torch.rand(H, generator=g, device=device, dtype=acc) * 15 - 1           # −exp(A_log), A_log ∈ log[1, 16]
+    Bm, Cm = (torch.randn(B, T, G, N, generator=g, device=device, dtype=acc).to(dtype) for _ in range(2))
+    out = {"x": x, "dt": dt, "A": A, "B": Bm, "C": Cm}
+    if initial_state:
+        out["initial_state"] = torch.randn(B, H, N, P, generator=g, device=device, dtype=acc)
+    return {n: t.requires_grad_(requires_grad) for n, t in out.items()}

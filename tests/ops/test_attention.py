@@ -6,20 +6,26 @@ import dataclasses
 import pytest
 import torch
 
-from ops.attention.naive import attention, attention_reference
+from ops.attention.naive import attention, attention_reference, make_inputs
 from tests.helpers import rel_err
+
+
+def qkv(B, T, H, D, dtype=torch.float32, device="cpu", seed=None):
+    """q, k, v [B, T, H, D] from the op's builder, fresh unless seeded."""
+    kw = make_inputs(dict(B=B, T=T, H=H, D=D), dtype, device, seed=seed, requires_grad=False)
+    return kw["q"], kw["k"], kw["v"]
 
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shape", [(2, 37, 3, 16), (1, 1, 1, 8), (1, 128, 4, 64)])
 def test_sdpa_matches_reference(shape, causal):
-    q, k, v = (torch.randn(*shape) for _ in range(3))
+    q, k, v = qkv(*shape)
     ref = attention_reference(q.double(), k.double(), v.double(), causal)
     assert rel_err(attention(q, k, v, causal), ref) < 1e-5
 
 
 def test_large_logits_stay_finite():
-    q, k, v = (torch.randn(1, 64, 2, 32) * 100 for _ in range(3))
+    q, k, v = (x * 100 for x in qkv(1, 64, 2, 32))
     assert torch.isfinite(attention(q, k, v)).all() and torch.isfinite(attention_reference(q, k, v)).all()
 
 
@@ -31,8 +37,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the WMMA k
 def wmma_vs_sdpa(B, T, H, causal, mult=1.0, dtype=torch.float16, scale=None, split=None):
     from ops.attention import fused
 
-    g = torch.Generator(device="cuda").manual_seed(T)
-    q, k, v = (torch.randn(B, T, H, 64, device="cuda", generator=g).to(dtype) for _ in range(3))
+    q, k, v = qkv(B, T, H, 64, dtype, "cuda", seed=T)
     q, k = q * mult, k * mult
     with torch.no_grad():
         got = fused.wmma_attention(q, k, v, causal, scale, split)

@@ -119,26 +119,75 @@ def test_poison_reaches_fresh_buffers(n):
     assert fresh.isnan().any()
 
 
+# The stress probe for chunk_bwd_dqkb: the layers of gdn_125m, gla_340m and mamba2_130m at micro-batch 4 (bf16).
+# name: B, T, H, K, V, scalar decay
+STRESS_SHAPES = {"gdn_125m": (4, 2048, 6, 128, 128, True), "gla_340m": (4, 2048, 4, 128, 256, False),
+                 "mamba2_130m": (4, 2048, 24, 128, 64, True)}
+
+
+def dqkb_inputs(B: int, T: int, H: int, K: int, V: int, scalar: bool, C: int = 64, seed: int = 0,
+                device: str = DEVICE, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """chunk_bwd_dqkb's arguments: random q, k, v, do, states h, dh [B, NT, H, K, V], fp32 intra parts and a
+    chunk-local cumulative log-decay b ([B, T, H, 1] when scalar, else [B, T, H, K])."""
+    from ops.chunkwise.cumsum import chunk_cumsum
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    NT = -(-T // C)
+
+    def r(*s, dt=dtype):
+        return torch.randn(*s, generator=g, device=device).to(dt)
+    b = chunk_cumsum(F.logsigmoid(r(B, T, H, 1 if scalar else K, dt=torch.float32)) / 8, C)
+    return (r(B, T, H, K), F.normalize(r(B, T, H, K, dt=torch.float32), dim=-1).to(dtype), r(B, T, H, V), b,
+            r(B, NT, H, K, V), r(B, NT, H, K, V), r(B, T, H, V), r(B, T, H, K, dt=torch.float32),
+            r(B, T, H, K, dt=torch.float32), K ** -0.5, C)
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit-for-bit equality (torch.equal takes −0.0 for +0.0 and NaN for unequal to itself)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return torch.equal(x.contiguous().view(as_int), y.contiguous().view(as_int))
+
+
+def count_differing(args: tuple, repeats: int, num_stages: int | None, noise: bool = True, seed: int = 0,
+                    dqkb=None) -> list[int]:
+    """Runs chunk_bwd_dqkb(*args) `repeats` times, a square GEMM of random size (256–4095) between calls unless
+    noise is off (the next call starts from another cache and clock state); returns per output (dq, dk, db) how
+    many runs differed from the first in any bit."""
+    from ops.chunkwise.output import chunk_bwd_dqkb
+
+    dqkb = dqkb or chunk_bwd_dqkb
+    first = dqkb(*args, num_stages=num_stages)
+    differ, gen = [0, 0, 0], torch.Generator().manual_seed(seed)
+    for _ in range(repeats):
+        if noise:
+            n = int(torch.randint(256, 4096, (1,), generator=gen))
+            torch.randn(n, n, device=args[0].device, dtype=args[0].dtype) @ torch.randn(n, n, device=args[0].device,
+                                                                                        dtype=args[0].dtype)
+        for i, (x, y) in enumerate(zip(first, dqkb(*args, num_stages=num_stages))):
+            differ[i] += not same_bits(x, y)
+    return differ
+
+
 @pytest.mark.skipif(not GPU, reason="a race needs a GPU: the CPU interpreter runs a program's lanes in order")
-@pytest.mark.parametrize("shape", ["gdn_125m", "gla_340m", "mamba2_130m"])
+@pytest.mark.parametrize("shape", list(STRESS_SHAPES))
 def test_chunk_bwd_dqkb_bitwise_under_stress(shape):
     """chunk_bwd_dqkb 3000 times on fixed inputs, a GEMM of random size between calls. Pipelined, its scalar-decay
     kernel gave different dk and db bits about once in 600 calls at gdn_125m's layer on the H100, so this
-    would have failed with probability 0.99 (bench/results/2026-11-24-h100-gdn-determinism/)."""
-    from scripts.stress_dqkb import SHAPES, count_differing, dqkb_inputs
-    assert count_differing(dqkb_inputs(*SHAPES[shape]), repeats=3000, num_stages=None) == [0, 0, 0]
+    would have failed with probability 0.99."""
+    assert count_differing(dqkb_inputs(*STRESS_SHAPES[shape]), repeats=3000, num_stages=None) == [0, 0, 0]
 
 
-def test_stress_probe_counts_differing_calls(monkeypatch):
+def test_stress_probe_counts_differing_calls():
     """The stress probe's negative control: a kernel whose dk changes on every other call is counted so."""
-    import scripts.stress_dqkb as stress
+    from ops.chunkwise.output import chunk_bwd_dqkb
 
-    real, calls = stress.chunk_bwd_dqkb, []
+    calls = []
 
     def flaky(*args, **kw):
-        dq, dk, db = real(*args, **kw)
+        dq, dk, db = chunk_bwd_dqkb(*args, **kw)
         calls.append(1)
         return dq, dk + float(len(calls) % 2 == 0), db
-    monkeypatch.setattr(stress, "chunk_bwd_dqkb", flaky)
-    args = stress.dqkb_inputs(1, 40, 2, 16, 16, True, C=16, device=DEVICE, dtype=torch.float32)
-    assert stress.count_differing(args, repeats=4, num_stages=None, noise=False) == [0, 2, 0]
+    args = dqkb_inputs(1, 40, 2, 16, 16, True, C=16, device=DEVICE, dtype=torch.float32)
+    assert count_differing(args, repeats=4, num_stages=None, noise=False, dqkb=flaky) == [0, 2, 0]

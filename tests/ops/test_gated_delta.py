@@ -9,24 +9,20 @@ import torch
 import torch.nn.functional as F
 
 from ops.gated_delta.naive import chunkwise_gated_delta, gated_delta, gated_delta_recurrent
+from ops.gated_delta.naive import make_inputs as gdn_inputs
 from tests.helpers import backends_under_test, grads_close, rel_err
 
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 2, 4)]
-GATES = {"realistic": (-5.0, 0.0), "near0": (-1e-6, 0.0), "extreme": (-1e3, -50.0)}
-BETAS = {"mid": (0.0, 1.0), "near0": (0.0, 1e-4), "near1": (1 - 1e-4, 1.0)}
+# the builder's regimes (ops.gated_delta.naive.GATES, BETAS): gates in [−5, 0), [−1e-6, 0) and [−1e3, −50);
+# β in [0, 1), [0, 1e-4) and [1 − 1e-4, 1)
+GATES = ("realistic", "near0", "extreme")
+BETAS = ("mid", "near0", "near1")
 
 
 def make_inputs(B, T, H, K, V, gate, betas, dtype=torch.float64, seed=None):
-    g_ = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
-    q = torch.randn(B, T, H, K, generator=g_, dtype=dtype)
-    k = F.normalize(torch.randn(B, T, H, K, generator=g_, dtype=dtype), dim=-1)  # as the model feeds it
-    v = torch.randn(B, T, H, V, generator=g_, dtype=dtype)
-    lo, hi = GATES[gate]
-    g = torch.rand(B, T, H, generator=g_, dtype=dtype) * (hi - lo) + lo
-    lo, hi = BETAS[betas]
-    beta = torch.rand(B, T, H, generator=g_, dtype=dtype) * (hi - lo) + lo
-    h0 = torch.randn(B, H, K, V, generator=g_, dtype=dtype)
-    return q, k, v, g, beta, h0
+    """q, k (L2-normalised, as the model feeds it), v, g, beta, h0 from the op's builder, fresh unless seeded."""
+    return tuple(gdn_inputs(dict(B=B, T=T, H=H, K=K, V=V), dtype, seed=seed, requires_grad=False, decay=gate,
+                            beta=betas, initial_state=True).values())
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
@@ -126,10 +122,10 @@ def test_triton_backend_matches_recurrence(backend, shape, gate, betas, device, 
     grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta h0".split(), 1e-5, {"g": floor})
 
 
-@pytest.mark.parametrize("chunk_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
 def test_triton_chunk_sizes(chunk_size, device, poison_empty):
-    """Every chunk size, several chunks and a ragged tail; no initial or final state (the other
-    branches of the state kernels)."""
+    """Every chunk size the Triton backends run (ops.gated_delta.chunk.CHUNK_SIZES), several chunks and a ragged
+    tail; no initial or final state (the other branches of the state kernels)."""
     from ops.gated_delta.chunk import chunk_gated_delta
 
     inputs = [x.float().to(device) for x in make_inputs(1, 100, 1, 8, 12, "realistic", "mid")[:5]]
@@ -201,7 +197,7 @@ def test_chunk_state_dtype_is_kept(monkeypatch, device):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 dots need a CUDA GPU")
 def test_chunk_fp32_states_bf16(monkeypatch):
-    """The chunk op with h and dh stored in fp32 (scripts/probe_state_precision.py): within the bf16 bounds, and
+    """The chunk op with h and dh stored in fp32: within the bf16 bounds, and
     with the same output as bf16 states, since the output stage rounds h to bf16 for its dot."""
     from ops.gated_delta.chunk import chunk_gated_delta
 
@@ -223,17 +219,9 @@ def test_chunk_fp32_states_bf16(monkeypatch):
 
 
 def check_bf16(shape, op):
-    torch.manual_seed(0)
-    B, T, H, K, V = shape
-    q = torch.randn(B, T, H, K, device="cuda")
-    k = F.normalize(torch.randn(B, T, H, K, device="cuda"), dim=-1)
-    v = torch.randn(B, T, H, V, device="cuda")
-    # the model's gate: g = −exp(A_log) · softplus(x W_a + dt_bias), A = exp(A_log) ∈ [1, 16]
-    g = -(torch.rand(H, device="cuda") * 15 + 1) * F.softplus(torch.randn(B, T, H, device="cuda") - 3)
-    beta = torch.randn(B, T, H, device="cuda").sigmoid()
-    h0 = torch.randn(B, H, K, V, device="cuda")
-    got_in = [x.to(torch.bfloat16).requires_grad_() for x in (q, k, v)] + \
-        [x.clone().requires_grad_() for x in (g, beta, h0)]
+    torch.manual_seed(0)                                                 # the output gradients below
+    # bf16 q, k, v; fp32 g (the model's gate −exp(A_log) · softplus(x W_a + dt_bias)), β = sigmoid(·), h0
+    got_in = list(gdn_inputs(dict(zip("BTHKV", shape)), torch.bfloat16, "cuda", initial_state=True).values())
     ref_in = [x.detach().float().requires_grad_() for x in got_in]      # the same (bf16-rounded) inputs
     o1, s1 = gated_delta(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
     o2, s2 = op(*got_in[:5], initial_state=got_in[5], output_final_state=True)

@@ -12,7 +12,7 @@ import torch
 
 from ops import BackendError, get_op
 from ops.gdn_proj_in import fused, naive
-from scripts.bench_proj import normed_input
+from scripts.bench_ops import normed_input
 from tests.helpers import rel_err, saved_bytes
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
@@ -23,15 +23,11 @@ INS = ["x", "w_q", "w_k", "w_v", "w_r", "w_b", "w_a", "conv_q", "conv_k", "conv_
 
 
 def make_inputs(B, T, d, H, K, V, W=4, device="cpu", seed=0):
-    """x and the parameters in nn.Linear's / nn.Conv1d's layouts, fp32, scaled so activations are O(1);
-    A_log and dt_bias as model.common.init_ssm_decay_ draws them, stretched a little."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, d, generator=g)
-    ws = [torch.randn(n, d, generator=g) / d ** 0.5 for n in (H * K, H * K, H * V, H * V, H, H)]
-    convs = [torch.randn(c, 1, W, generator=g) / W ** 0.5 for c in (H * K, H * K, H * V)]
-    A_log = torch.empty(H).uniform_(0, 2.8, generator=g)
-    dt_bias = torch.randn(H, generator=g) - 3
-    return [t.to(device).requires_grad_() for t in (x, *ws, *convs, A_log, dt_bias)]
+    """x and the parameters from the op's builder (ops.gdn_proj_in.naive.make_inputs): fp32 leaves in nn.Linear's
+    / nn.Conv1d's layouts, scaled so activations are O(1); A_log and dt_bias as model.common.init_ssm_decay_ draws
+    them, stretched a little."""
+    kw = naive.make_inputs(dict(B=B, T=T, d=d, H=H, K=K, V=V, W=W), device=device, seed=seed)
+    return [kw[n] for n in INS]
 
 
 def run(fn, inputs, H, dys=None):
@@ -103,7 +99,7 @@ GPU_SHAPES = {"gdn340m_B8T2048d1024H8K128": (8, 2048, 1024, 8, 128, 128, 4),
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 at full shapes needs a CUDA GPU")
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name):
-    """Under bf16 autocast, as the model runs (x a non-leaf: bench_proj.normed_input), against the fp32 naive op:
+    """Under bf16 autocast, as the model runs (x a non-leaf: bench_ops.normed_input), against the fp32 naive op:
     every output and gradient within twice PyTorch's own bf16 error on the same chain plus 1e-3 (STYLE.md §7)."""
     shape = GPU_SHAPES[name]
     H = shape[3]

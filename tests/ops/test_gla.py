@@ -9,27 +9,20 @@ import torch
 
 from ops import get_op
 from ops.gla.naive import chunkwise_gla, gla, gla_recurrent
+from ops.gla.naive import make_inputs as gla_inputs
 from tests.helpers import backends_under_test, grads_close, rel_err
 
 # (B, T, H, K, V): T not a multiple of C, T < C, T = 1, B = H = 1, K ≠ V, K = 1
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 1, 4)]
-# log-decay ranges: realistic, near 0 (no decay), and very negative (state wiped each step)
-DECAYS = {"realistic": (-5.0, 0.0), "near0": (-1e-6, 0.0), "extreme": (-1e4, -1e2), "mixed": None}
+# log-decay regimes of the builder (ops.gla.naive.DECAYS): realistic [−5, 0), near 0 (no decay), very negative
+# (state wiped each step), and mixed (half the channels barely decay, half are wiped out)
+DECAYS = ("realistic", "near0", "extreme", "mixed")
 
 
 def make_inputs(B, T, H, K, V, decay, scalar=False, dtype=torch.float64, seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
-    q, k = (torch.randn(B, T, H, K, generator=g, dtype=dtype) for _ in range(2))
-    v = torch.randn(B, T, H, V, generator=g, dtype=dtype)
-    Kg = 1 if scalar else K
-    if DECAYS[decay] is None:  # half the channels barely decay, half are wiped out
-        gk = torch.where(torch.rand(B, T, H, Kg, generator=g) < 0.5,
-                         torch.full((B, T, H, Kg), -1e-4), torch.full((B, T, H, Kg), -50.0)).to(dtype)
-    else:
-        lo, hi = DECAYS[decay]
-        gk = (torch.rand(B, T, H, Kg, generator=g, dtype=dtype) * (hi - lo) + lo)
-    h0 = torch.randn(B, H, K, V, generator=g, dtype=dtype)
-    return q, k, v, gk, h0
+    """q, k, v, gk, h0 from the op's builder, fresh unless seeded."""
+    return tuple(gla_inputs(dict(B=B, T=T, H=H, K=K, V=V), dtype, seed=seed, requires_grad=False, decay=decay,
+                            scalar=scalar, initial_state=True).values())
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
@@ -241,13 +234,11 @@ def assert_bf16_matches_naive(op, shape, gk: torch.Tensor | None = None, gk_tol:
     """bf16 q, k, v and fp32 gates, initial state and final-state gradient (as the model and the state API hold
     them) against the fp32 naive oracle on the same values: o, the final state and every gradient, h0's
     included, within 5e-3 (∂gk within gk_tol). gk defaults to the model's logsigmoid(·)/16. Returns the errors."""
-    torch.manual_seed(0)
-    B, T, H, K, V = shape
-    q, k = (torch.randn(B, T, H, K, device="cuda") for _ in range(2))
-    v = torch.randn(B, T, H, V, device="cuda")
-    gk = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16 if gk is None else gk
-    h0 = torch.randn(B, H, K, V, device="cuda")
-    got_in = [x.to(torch.bfloat16).requires_grad_() for x in (q, k, v)] + [x.clone().requires_grad_() for x in (gk, h0)]
+    torch.manual_seed(0)                                                 # the output gradients below
+    x = gla_inputs(dict(zip("BTHKV", shape)), torch.bfloat16, "cuda", requires_grad=False, initial_state=True)
+    if gk is not None:
+        x["gk"] = gk
+    got_in = [t.clone().requires_grad_() for t in x.values()]            # bf16 q, k, v; fp32 gk, h0
     ref_in = [x.detach().float().requires_grad_() for x in got_in]      # the same (bf16-rounded) inputs
     o1, s1 = gla(*ref_in[:4], initial_state=ref_in[4], output_final_state=True)
     o2, s2 = op(*got_in[:4], initial_state=got_in[4], output_final_state=True)
@@ -322,12 +313,7 @@ def test_triton_backend_bf16_evaluation_shapes(backend, shape):
     """Without gradients (evaluation, generation) and at the small batches evaluation runs: within 5e-3 of
     the fp32 naive oracle. The fused scan once picked V tiles that miscompile on the H100 only here
     (ops/common/movement.py MIN_BV): the training-shape test above, with gradients, passed."""
-    torch.manual_seed(0)
-    B, T, H, K, V = shape
-    q, k = (torch.randn(B, T, H, K, device="cuda") for _ in range(2))
-    v = torch.randn(B, T, H, V, device="cuda")
-    gk = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 16
-    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    q, k, v, gk = gla_inputs(dict(zip("BTHKV", shape)), torch.bfloat16, "cuda", requires_grad=False).values()
     with torch.no_grad():
         o2, _ = get_op("gla", backend)(q, k, v, gk)
         o1, _ = gla(q.float(), k.float(), v.float(), gk)

@@ -21,14 +21,10 @@ INS = ["u", "w_in", "conv_w", "conv_b", "dt_bias"]
 
 
 def make_inputs(Bsz, T, d, d_inner, d_state, H, W=4, bias=True, device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    conv_dim = d_inner + 2 * d_state
-    u = torch.randn(Bsz, T, d, generator=g)
-    w_in = torch.randn(d_inner + conv_dim + H, d, generator=g) / d ** 0.5
-    conv_w = torch.randn(conv_dim, 1, W, generator=g) / W ** 0.5
-    conv_b = 0.3 * torch.randn(conv_dim, generator=g) if bias else None
-    dt_bias = torch.randn(H, generator=g) - 3
-    return [None if t is None else t.to(device).requires_grad_() for t in (u, w_in, conv_w, conv_b, dt_bias)]
+    """u and the parameters from the op's builder (ops.mamba2_proj_in.naive.make_inputs), conv_b None without bias."""
+    kw = naive.make_inputs(dict(B=Bsz, T=T, d=d, d_inner=d_inner, d_state=d_state, H=H, W=W), device=device,
+                           seed=seed, bias=bias)
+    return [kw[n] for n in INS]
 
 
 def run(fn, inputs, d_inner, d_state, dys=None):

@@ -12,7 +12,7 @@ import torch
 
 from ops import BackendError, get_op, parse_fuse
 from ops.proj_in import fused, naive
-from scripts.bench_proj import normed_input
+from scripts.bench_ops import normed_input
 from tests.helpers import rel_err, saved_bytes
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
@@ -23,14 +23,10 @@ INS = ["x", "w_q", "w_k", "w_v", "w_r", "w_down", "w_up", "b_up"]
 
 
 def make_inputs(B, T, d, H, K, V, L, device="cpu", bias_scale=1.0, seed=0):
-    """x and the seven parameters in nn.Linear's layouts, fp32; scaled so that z = low W_upᵀ + b is O(1)
-    (bias_scale stretches it: logsigmoid's saturated tails)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, d, generator=g)
-    w = [torch.randn(n, d, generator=g) / d ** 0.5 for n in (H * K, H * K, H * V, H * V, L)]
-    w_up = torch.randn(H * K, L, generator=g) / L ** 0.5
-    b_up = bias_scale * torch.randn(H * K, generator=g)
-    return [t.to(device).requires_grad_() for t in (x, *w, w_up, b_up)]
+    """x and the seven parameters from the op's builder (ops.proj_in.naive.make_inputs): fp32 leaves, scaled so
+    that z = low W_upᵀ + b is O(1) (bias_scale stretches it: logsigmoid's saturated tails)."""
+    kw = naive.make_inputs(dict(B=B, T=T, d=d, H=H, K=K, V=V, L=L), device=device, seed=seed, bias_scale=bias_scale)
+    return [kw[n] for n in INS]
 
 
 def run(fn, inputs, H, normalizer, dys=None):
@@ -176,15 +172,6 @@ def test_dgrad_engines_match_a_concatenated_product(widths, device, poison_empty
     assert rel_err(dx, want) < (1e-6 if dtype == torch.float32 else 1e-2)
 
 
-def test_dx_engine_is_logged_per_architecture():
-    """DESIGN §5: a Hopper-only path is explicit and logged. train.py logs ops.variant_notes for the resolved ops."""
-    from ops import variant_notes
-
-    notes = variant_notes([("proj_in", "fused[proj]"), ("proj_in", "fused[proj]"), ("gla", "naive")],
-                          torch.device("cpu"))
-    assert notes == ["proj_in (fused[proj]): dx by pointer loads (dgrad_kernel): TMA needs compute capability 9.0"]
-
-
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="TMA needs a GPU of compute capability 9.0")
 def test_tma_only_for_16_bit_operands_on_hopper():
@@ -232,7 +219,7 @@ GPU_SHAPES = {"seed_B8T4096d2048H16K128": (8, 4096, 2048, 16, 128, 128, 16),
 @pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name, engine):
-    """Under bf16 autocast, as the model runs (fp32 x from the block's norm: a non-leaf, bench_proj.normed_input,
+    """Under bf16 autocast, as the model runs (fp32 x from the block's norm: a non-leaf, bench_ops.normed_input,
     so the naive chain casts it at each F.linear as the model does), against the fp32 naive op. Bound:
     twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of rounding slack
     (STYLE.md §7), for every output and every gradient."""

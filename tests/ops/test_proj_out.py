@@ -22,13 +22,10 @@ NAMES = ["o", "r", "norm_weight", "w_o", "residual"]
 
 
 def make_inputs(B, T, H, V, d, residual=True, device="cpu", dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    o = torch.randn(B, T, H, V, generator=g)                            # the mixer output
-    r = torch.randn(B, T, H * V, generator=g)                           # x W_r, before its SiLU
-    nw = 1 + 0.3 * torch.randn(V, generator=g)                          # not all ones: its gradient matters
-    w = torch.randn(d, H * V, generator=g) / (H * V) ** 0.5
-    res = torch.randn(B, T, d, generator=g) if residual else None
-    return [None if x is None else x.to(device, dtype).requires_grad_() for x in (o, r, nw, w, res)]
+    """o (the mixer output), r (x W_r, before its SiLU), the norm weight (not all ones: its gradient matters), W_o
+    and the residual (None without) from the op's builder (ops.proj_out.naive.make_inputs), fp32 leaves."""
+    kw = naive.make_inputs(dict(B=B, T=T, H=H, V=V, d=d), dtype, device, seed=seed, residual=residual)
+    return [kw[n] for n in NAMES]
 
 
 def run(fn, inputs, dy):

@@ -7,17 +7,15 @@ import math
 import pytest
 import torch
 
+from ops.ramla.naive import make_inputs as ramla_inputs
 from ops.ramla.naive import mla_sdpa, ramla
 from tests.helpers import rel_err
 
 
 def make_inputs(B, T, H, D, L, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, D, generator=g, dtype=dtype)
-    k_lat, v_lat = (torch.randn(B, T, L, generator=g, dtype=dtype) for _ in range(2))
-    w_ql = torch.randn(H, D, L, generator=g, dtype=dtype) / math.sqrt(D)
-    w_vu = torch.randn(H, L, D, generator=g, dtype=dtype) / math.sqrt(L)
-    return q, k_lat, v_lat, w_ql, w_vu
+    """q, k_lat, v_lat, w_ql / √D, w_vu / √L from the op's builder (α and the band are each test's)."""
+    kw = ramla_inputs(dict(B=B, T=T, H=H, D=D, L=L), dtype, seed=seed, requires_grad=False)
+    return tuple(kw[n] for n in ("q", "k_lat", "v_lat", "w_ql", "w_vu"))
 
 
 def double_loop(q, k_lat, v_lat, w_ql, w_vu, alpha, W):

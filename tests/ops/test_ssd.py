@@ -7,23 +7,19 @@ import importlib.util
 import pytest
 import torch
 
+from ops.ssd.naive import make_inputs as ssd_inputs
 from ops.ssd.naive import ssd, ssd_recurrent
 from tests.helpers import backends_under_test, grads_close, rel_err
 
 # (B, T, H, P, G, N)
 SHAPES = [(2, 100, 4, 8, 1, 6), (1, 7, 1, 4, 1, 3), (2, 130, 4, 5, 2, 8), (1, 1, 2, 3, 2, 2), (1, 64, 6, 4, 3, 4)]
-DT = {"realistic": (1e-3, 0.1), "large": (1.0, 20.0)}   # dt · A spans mild to extreme decays
+DT = ("realistic", "large")   # the builder's dt ranges (ops.ssd.naive.DT): dt · A spans mild to extreme decays
 
 
 def make_inputs(B, T, H, P, G, N, dts, dtype=torch.float64, seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**31)
-    x = torch.randn(B, T, H, P, generator=g, dtype=dtype)
-    lo, hi = DT[dts]
-    dt = torch.rand(B, T, H, generator=g, dtype=dtype) * (hi - lo) + lo
-    A = -torch.rand(H, generator=g, dtype=dtype) * 15 - 1                          # −exp(A_log), A_log ∈ log[1, 16]
-    Bm, Cm = (torch.randn(B, T, G, N, generator=g, dtype=dtype) for _ in range(2))
-    h0 = torch.randn(B, H, N, P, generator=g, dtype=dtype)
-    return x, dt, A, Bm, Cm, h0
+    """x, dt, A, B, C, h0 from the op's builder, fresh unless seeded."""
+    return tuple(ssd_inputs(dict(B=B, T=T, H=H, P=P, G=G, N=N), dtype, seed=seed, requires_grad=False, decay=dts,
+                            initial_state=True).values())
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}P{}G{}N{}".format(*s))
@@ -123,15 +119,9 @@ def bf16_full_shape_errors(backend: str, shape: tuple = GPU_SHAPES["mamba2"]) ->
     every gradient, ∂h0 included, against the fp32 naive oracle on the same (bf16-rounded) inputs."""
     from ops import get_op
 
-    torch.manual_seed(0)
-    B, T, H, P, G, N = shape
-    x = torch.randn(B, T, H, P, device="cuda")
-    dt = torch.nn.functional.softplus(torch.randn(B, T, H, device="cuda") - 3)
-    A = -torch.rand(H, device="cuda") * 15 - 1
-    Bm, Cm = (torch.randn(B, T, G, N, device="cuda") for _ in range(2))
-    h0 = torch.randn(B, H, N, P, device="cuda")
-    got_in = [x.bfloat16().requires_grad_(), dt.clone().requires_grad_(), A.clone().requires_grad_(),
-              Bm.bfloat16().requires_grad_(), Cm.bfloat16().requires_grad_(), h0.clone().requires_grad_()]
+    torch.manual_seed(0)                                                 # the output gradients below
+    got_in = list(ssd_inputs(dict(zip(("B", "T", "H", "P", "G", "N"), shape)), torch.bfloat16, "cuda",
+                             initial_state=True).values())               # bf16 x, B, C; fp32 dt, A, h0
     ref_in = [t.detach().float().requires_grad_() for t in got_in]
     y1, s1 = ssd(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
     y2, s2 = get_op("ssd", backend)(*got_in[:5], initial_state=got_in[5], output_final_state=True)
@@ -176,7 +166,7 @@ def test_triton_backend_bf16_dA_no_worse_than_fla(monkeypatch):
     shows there most. Measured on the H100 (2026-11-22, before h0 joined): ours 6.0e-3, fla's chunk_simple_gla 7.1e-3 on
     these inputs, both over DESIGN's 5e-3 while every other gradient is within 3.4e-3. The bound is
     therefore the peer's own error on the same inputs: the same decomposition must not lose more."""
-    import fla.ops.chunkwise.output as fla_chunk_o
+    import fla.ops.common.chunk_o as fla_chunk_o
 
     # fla refuses its backward on Hopper with Triton < 3.7.1 (GPU.md); lifted for this comparison only
     monkeypatch.setattr(fla_chunk_o, "TRITON_ABOVE_3_7_1", True)

@@ -1,4 +1,4 @@
-// Flash-attention forward on tensor cores through WMMA (issue [J]): FP16 in, FP32 accumulate, FP16 out.
+// Flash-attention forward on tensor cores through WMMA: FP16 in, FP32 accumulate, FP16 out.
 //
 // A block owns one 64-row query tile of one (batch, head). Its warps form SPLIT groups of 4; each warp of a
 // group owns 16 query rows, and group g takes key tiles g, g + SPLIT, g + 2·SPLIT, … (a split of the key
@@ -38,20 +38,6 @@
 #endif
 
 using namespace nvcuda;
-
-// WMMA_TIMING (scripts/profile_wmma.py --phases builds it separately; never the op's build): thread 0 of
-// each block records clock64() at each phase, for a per-block breakdown of where the cycles go.
-#ifdef WMMA_TIMING
-constexpr int TIMING_BLOCKS = 4096, TIMING_PHASES = 6;
-__device__ long long g_phase[TIMING_BLOCKS][TIMING_PHASES];
-#define PHASE(i)                                                                                     \
-  do {                                                                                               \
-    const int blk_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                 \
-    if (threadIdx.x == 0 && blk_ < TIMING_BLOCKS) g_phase[blk_][i] = clock64();                      \
-  } while (0)
-#else
-#define PHASE(i) do {} while (0)
-#endif
 
 namespace {
 
@@ -115,7 +101,6 @@ template <bool CAUSAL, int SPLIT>
 __global__ void __launch_bounds__(SPLIT * GROUP_WARPS * 32)
 wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K, const half* __restrict__ V,
                           half* __restrict__ O, int T, int H, float scale_log2) {
-  PHASE(0);
   extern __shared__ __align__(128) unsigned char smem_raw[];  // WMMA pointers need 32-byte alignment
   Smem<SPLIT>& sm = *reinterpret_cast<Smem<SPLIT>*>(smem_raw);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -139,7 +124,6 @@ wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  PHASE(1);
 
   wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> qf[D / 16];
   for (int k = 0; k < D / 16; ++k) wmma::load_matrix_sync(qf[k], &sm.q[wg * 16][k * 16], PAD_H);
@@ -228,10 +212,8 @@ wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K
     group_sync(group);  // the group is done with this buffer before the refill
   }
 
-  PHASE(2);
   // the partial results of every group, staged where the K/V tiles were
   __syncthreads();
-  PHASE(3);
   for (int n = 0; n < D / 16; ++n)
     wmma::store_matrix_sync(&sm.part.o[warp][0][n * 16], of[n], PAD_F, wmma::mem_row_major);
   if (lane % 4 == 0)
@@ -240,7 +222,6 @@ wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K
       sm.part.l[warp][lane / 4 + 8 * r] = l_run[r];
     }
   __syncthreads();
-  PHASE(4);
   if (group != 0) return;
 
   // group 0 merges: row r of this warp, 32 columns per lane
@@ -266,7 +247,6 @@ wmma_attention_fwd_kernel(const half* __restrict__ Q, const half* __restrict__ K
     }
     *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(vals);
   }
-  PHASE(5);
 }
 
 // One warp: out[lane][i] = the flat index (row·16 + col) of accumulator element i in `lane`.
@@ -382,19 +362,7 @@ torch::Tensor probe_a_layout() {
   return cpu.narrow(0, 0, 32 * 16).view({32, 16});
 }
 
-#ifdef WMMA_TIMING
-// [blocks, phases] clock64() stamps of the last launch (phase 5 only where thread 0's row is < T)
-torch::Tensor phases() {
-  auto out = torch::empty({TIMING_BLOCKS, TIMING_PHASES}, torch::kInt64);
-  C10_CUDA_CHECK(cudaMemcpyFromSymbol(out.data_ptr<int64_t>(), g_phase, sizeof(long long) * TIMING_BLOCKS * TIMING_PHASES));
-  return out;
-}
-#endif
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-#ifdef WMMA_TIMING
-  m.def("phases", &phases, "[4096, 6] clock64 stamps per block of the last launch");
-#endif
   m.def("forward", &forward, "WMMA flash-attention forward: q, k, v [B, T, H, 64] fp16 into o (same shape)");
   m.def("kernel_info", &kernel_info, "[registers, local bytes, static smem, dynamic smem, blocks per SM, threads]");
   m.def("probe_layout", &probe_layout, "[32, 8] flat (row·16 + col) index of each lane's accumulator element");
