@@ -283,7 +283,8 @@ def test_fused_bf16_decays_at_and_past_the_fast_path_limit(shape):
     assert wild.any() and not wild.all() and (chunk_ranges(gk, C) > 55).any()
     q = torch.empty(B, T, H, K, device="cuda", dtype=torch.bfloat16)
     v = torch.empty(B, T, H, V, device="cuda", dtype=torch.bfloat16)
-    assert scan_forward(q, v, C, state_segments(q, v, C, True)) == (shape[3] == 64)   # each id takes its path
+    segments = state_segments(q, v, C, True)
+    assert scan_forward(B, T, H, K, V, C, 2, q.device, segments) == (shape[3] == 64)   # each id takes its path
     chunk_err = assert_bf16_matches_naive(get_op("gla", "chunk"), shape, gk, gk_tol=float("inf"))["gk"]
     assert_bf16_matches_naive(get_op("gla", "fused"), shape, gk, gk_tol=max(5e-3, 1.5 * chunk_err))
 

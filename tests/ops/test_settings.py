@@ -59,10 +59,10 @@ def test_model_refuses_a_chunk_size_its_backend_cannot_run_when_built():
 
 @pytest.mark.parametrize("family,op", [("gla", "gla"), ("gated_deltanet", "gated_delta"), ("mamba2", "ssd")])
 @pytest.mark.parametrize("backend", ["naive", "chunk"])
-def test_model_hands_its_chunk_size_to_the_op(family, op, backend, monkeypatch):
+def test_model_hands_its_chunk_size_to_the_op(family, op, backend, device, monkeypatch):
     """The mixer calls its op with chunk_size = model.chunk_size (a spy on the op records it)."""
     seen = []
-    model = build_model(cfg_of(family, backend=backend, chunk_size=16))
+    model = build_model(cfg_of(family, backend=backend, chunk_size=16)).to(device)
     mixer = model.blocks[0].mixer
     real = getattr(mixer, op)
 
@@ -71,7 +71,7 @@ def test_model_hands_its_chunk_size_to_the_op(family, op, backend, monkeypatch):
         return real(*args, **kwargs)
     for block in model.blocks:
         monkeypatch.setattr(block.mixer, op, spy)
-    model(torch.randint(0, 64, (1, 20)))
+    model(torch.randint(0, 64, (1, 20), device=device))
     assert seen == [16]
 
 

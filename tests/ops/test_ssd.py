@@ -114,13 +114,21 @@ def test_groups_stay_unexpanded_for_the_backward(backend, device):
 GPU_SHAPES = {"mamba2": (8, 2048, 24, 64, 1, 128), "odd": (2, 1000, 3, 60, 1, 100)}
 
 
-def bf16_full_shape_errors(backend: str, shape: tuple = GPU_SHAPES["mamba2"]) -> dict[str, float]:
+def bf16_full_shape_errors(backend: str, shape: tuple = GPU_SHAPES["mamba2"], seeds=(0,)) -> dict[str, float]:
     """bf16 x/B/C (fp32 dt, A, initial state and final-state gradient): relative error of y, the final state and
-    every gradient, ∂h0 included, against the fp32 naive oracle on the same (bf16-rounded) inputs."""
+    every gradient, ∂h0 included, against the fp32 naive oracle on the same (bf16-rounded) inputs, taken over the
+    draws of all `seeds` together (one ‖Δ‖ / ‖ref‖ of the concatenated tensors)."""
+    runs = [bf16_pairs(backend, shape, seed) for seed in seeds]
+    return {n: rel_err(torch.cat([r[n][0].flatten().float() for r in runs]),
+                       torch.cat([r[n][1].flatten().float() for r in runs])) for n in runs[0]}
+
+
+def bf16_pairs(backend: str, shape: tuple, seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(backend's, oracle's) y, final state and every gradient on one draw of bf16_full_shape_errors' inputs."""
     from ops import get_op
 
-    torch.manual_seed(0)                                                 # the output gradients below
-    got_in = list(ssd_inputs(dict(zip(("B", "T", "H", "P", "G", "N"), shape)), torch.bfloat16, "cuda",
+    torch.manual_seed(seed)                                              # the output gradients below
+    got_in = list(ssd_inputs(dict(zip(("B", "T", "H", "P", "G", "N"), shape)), torch.bfloat16, "cuda", seed=seed,
                              initial_state=True).values())               # bf16 x, B, C; fp32 dt, A, h0
     ref_in = [t.detach().float().requires_grad_() for t in got_in]
     y1, s1 = ssd(*ref_in[:5], initial_state=ref_in[5], output_final_state=True)
@@ -128,21 +136,21 @@ def bf16_full_shape_errors(backend: str, shape: tuple = GPU_SHAPES["mamba2"]) ->
     dy, ds = torch.randn_like(y1), torch.randn_like(s1)
     ((y1 * dy).sum() + (s1 * ds).sum()).backward()
     ((y2 * dy.bfloat16()).sum() + (s2 * ds).sum()).backward()
-    return {"y": rel_err(y2, y1), "final state": rel_err(s2, s1),
-            **{name: rel_err(a.grad, b.grad) for name, a, b in zip("x dt A B C h0".split(), got_in, ref_in)}}
+    return {"y": (y2, y1), "final state": (s2, s1),
+            **{name: (a.grad, b.grad) for name, a, b in zip("x dt A B C h0".split(), got_in, ref_in)}}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full shapes need a CUDA GPU")
 @pytest.mark.parametrize("shape", list(GPU_SHAPES.values()), ids=list(GPU_SHAPES))
 @pytest.mark.parametrize("backend", backends_under_test("ssd"))
-def test_triton_backend_bf16_full_shape(backend, shape):
-    """y, the final state and every gradient but ∂A within DESIGN's 5e-3. ∂A: chunk's is held to fla's error (the
-    test below); every other backend's to 1.1× chunk's on the same inputs, or 5e-3."""
-    errs = bf16_full_shape_errors(backend, shape)
+def test_triton_backend_bf16_full_shape(backend, shape, seeds=(0,)):
+    """y, the final state and every gradient but ∂A within 5e-3. ∂A: chunk's is held to fla's error (the test
+    below); every other backend's to 1.1× chunk's on the same inputs, or 5e-3."""
+    errs = bf16_full_shape_errors(backend, shape, seeds)
     assert all(e < 5e-3 for n, e in errs.items() if n != "A"), errs
     if backend != "chunk":
-        ref = bf16_full_shape_errors("chunk", shape)["A"]
+        ref = bf16_full_shape_errors("chunk", shape, seeds)["A"]
         assert errs["A"] <= max(5e-3, 1.1 * ref), (errs["A"], ref)
 
 
@@ -152,9 +160,10 @@ def test_triton_backend_bf16_full_shape(backend, shape):
 @pytest.mark.parametrize("backend", backends_under_test("ssd"))
 def test_triton_backend_bf16_odd_shapes(backend, shape):
     """The CPU tests' odd shapes (T = 1, T < C, B = H = 1, several groups, tiny N and P) in bf16 on the GPU,
-    held as the full shapes above are: the fp32 tests cover their logic, this their bf16 loads, stores and masks
-    as Hopper compiles them (../shared/GPU.md)."""
-    test_triton_backend_bf16_full_shape(backend, shape)
+    held to the full shapes' bounds: the fp32 tests cover their logic, this their bf16 loads, stores and masks as
+    Hopper compiles them. A tensor of a few dozen elements gives a noisy estimate of the relative error (one bf16
+    rounding alone is 2.3e-3 rms), so the error is taken over eight fresh draws together."""
+    test_triton_backend_bf16_full_shape(backend, shape, seeds=range(8))
 
 
 @pytest.mark.gpu
