@@ -14,11 +14,11 @@ their times). The 125M configs all have d = 768:
     gated_delta  gdn_125m     H6  K = V = 128
     ssd          mamba2_130m  H24 P64 N128 G1
 
-Only the mixer is timed: the projections around it differ by family, not by T. Each linear backend goes through
-scripts/bench_ops.py's runner (inputs from the op's builder, checked against the fp32 naive oracle before it is
-timed, naive timed too), and FlashAttention-2 is checked against SDPA's default. Times are bench_ms medians
-(utils/timing.py), forward and forward+backward, bf16. fla's kernels autotune at first use: minutes per op on
-the H100, so a run with the fla backend spends that long before its first fla row. Writes
+Only the mixer is timed: the projections around it differ by family, not by T. Each linear backend goes through the
+runner of scripts/bench_ops.py (bench/runner.py: inputs from the op's builder, checked against the fp32 naive oracle
+before it is timed, naive timed too), and FlashAttention-2 is checked against SDPA's default. Times are bench_ms
+medians (utils/timing.py), forward and forward+backward, bf16. fla's kernels autotune at first use: minutes per op
+on the H100, so a run with the fla backend spends that long before its first fla row. Writes
 <out>/crossover.{md,json,png} (default out runs/bench), after every length so that a cut-off run keeps what it
 measured.
 """
@@ -35,8 +35,10 @@ if __package__ in (None, ""):
 
 import torch
 
+from bench.cases import Case, Options
+from bench.report import DEFAULT_OUT, environment
+from bench.runner import force_fla_backward, rel_err, run_case
 from ops import BACKENDS, BackendError, get_op, list_backends
-from scripts.bench_ops import DEFAULT_OUT, Case, Options, environment, force_fla_backward, rel_err, run_case
 from utils.timing import bench_ms
 
 LINEAR = {"gla": lambda B, T: Case("gla", "gla_125m", dict(B=B, T=T, H=12, K=64, V=64)),

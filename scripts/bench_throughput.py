@@ -29,8 +29,9 @@ if __package__ in (None, ""):
 
 import torch
 
+from bench.report import DEFAULT_OUT
+from bench.runner import force_fla_backward
 from ops import parse_backend, split_backends
-from scripts.bench_ops import DEFAULT_OUT, force_fla_backward
 from utils.timing import step_seconds, sync
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
-"""scripts/bench_ops.py on the CPU (fp32, the Triton interpreter, the `tiny` shapes): every op family checked
-against its oracle, then timed and reported; a backend whose output or gradients are wrong is reported FAIL and not
-timed; the timing helper (utils/timing.py) it times through."""
+"""scripts/bench_ops.py and its library bench/ on the CPU (fp32, the Triton interpreter, the `tiny` shapes): every
+op family checked against its oracle, then timed and reported; a backend whose output or gradients are wrong is
+reported FAIL and not timed; the timing helper (utils/timing.py) it times through."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +10,13 @@ import math
 import pytest
 import torch
 
-from scripts import bench_ops
-from scripts.bench_ops import Case, Options, main, movement_floor, normed_input, run_case
+from bench import runner
+from bench.attention import GATE_BOUND
+from bench.cases import CHAINS, OPS, QUICK, Case, Options, Run, registry
+from bench.chains import normed_input
+from bench.mixers import movement_floor
+from bench.runner import run_case
+from scripts.bench_ops import main
 from utils import timing
 
 FLA = importlib.util.find_spec("fla") is not None and torch.cuda.is_available()
@@ -46,7 +51,7 @@ def test_families_checked_timed_and_reported(tmp_path, ops, backends, variants):
         got = by_variant(rows, op)
         assert set(got) == variants, got.keys()
         for r in got.values():
-            if r["variant"] == "naive" and op in bench_ops.CHAINS:
+            if r["variant"] == "naive" and op in CHAINS:
                 assert r["check"].startswith("sets the bound") and r["status"] == "ok", r
                 continue
             assert_timed(r)
@@ -86,7 +91,7 @@ def test_ramla_and_attention(tmp_path):
     for name in ("naive", "fused", "fused core", "fused core, no band"):
         assert_timed(ramla[name])
     assert set(ramla["fused core"]["errors"]) == {"o", "dq_lat", "dk_lat", "dv_lat", "dalpha"}
-    assert ramla["fused"]["bounds"]["dalpha"] == bench_ops.GATE_BOUND
+    assert ramla["fused"]["bounds"]["dalpha"] == GATE_BOUND
     assert ramla["plain MLA on SDPA (sets the bound)"]["status"] == "bound"
     assert ramla["sdpa"]["check"] == "not checked" and ramla["fused"]["peer"] == "sdpa"
     attention = by_variant(rows, "attention")
@@ -137,14 +142,14 @@ def test_oracle_out_of_memory_checks_at_batch_one(monkeypatch):
     """An oracle too large for the device (RA+MLA's T×T scores at T = 8192) is checked at B = 1 instead, with the
     same kernels, and the rows say so; the timing is at the case's own batch."""
     calls = []
-    real = bench_ops.check_runs
+    real = runner.check_runs
 
     def check(runs, oracles):
-        calls.append(next(r for r in runs.values() if isinstance(r, bench_ops.Run)).leaves[0].shape[0])
+        calls.append(next(r for r in runs.values() if isinstance(r, Run)).leaves[0].shape[0])
         if len(calls) == 1:
             raise torch.OutOfMemoryError("the oracle's scores")
         return real(runs, oracles)
-    monkeypatch.setattr(bench_ops, "check_runs", check)
+    monkeypatch.setattr(runner, "check_runs", check)
     case = Case("gla", "b2", dict(B=2, T=20, H=1, K=16, V=16))
     rows = run_case(case, Options(["naive"], [], [], torch.float32), torch.device("cpu"))
     assert calls == [2, 1]
@@ -155,7 +160,7 @@ def test_oracle_out_of_memory_checks_at_batch_one(monkeypatch):
 def test_arguments_and_registry(capsys):
     out = main(["--list"])
     listed = capsys.readouterr().out
-    assert out == [] and all(f"\n{op:<15} tiny " in "\n" + listed for op in bench_ops.OPS)
+    assert out == [] and all(f"\n{op:<15} tiny " in "\n" + listed for op in OPS)
     assert "ramla           T2048" in listed and "proj_out        mamba2_370m" in listed
     for argv, message in ((["--ops", "gla,mamba"], "unknown op(s) mamba"), (["--backends", "fuse"], "unknown backend(s) fuse"),
                           (["--ops", "gla", "--shapes", "mve,nope"], "unknown shape(s) nope"),
@@ -163,8 +168,8 @@ def test_arguments_and_registry(capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err
-    assert {c.shape for c in bench_ops.registry([1024]) if c.op == "ramla"} == {"T1024", "tiny"}
-    assert set(bench_ops.QUICK) | {"ramla"} == set(bench_ops.OPS)
+    assert {c.shape for c in registry([1024]) if c.op == "ramla"} == {"T1024", "tiny"}
+    assert set(QUICK) | {"ramla"} == set(OPS)
 
 
 def test_movement_floor_for_our_own_kernels_only():

@@ -13,8 +13,8 @@ pytest.importorskip("pyflakes", reason="pyflakes is in requirements.txt; the GPU
 from pyflakes.api import checkPath  # noqa: E402
 from pyflakes.reporter import Reporter  # noqa: E402
 
-PACKAGES = ("data", "eval", "model", "ops", "scripts", "tests", "utils")   # the repository's own code only: a
-# virtualenv or a run folder inside the checkout (venv/, runs/) is not scanned
+PACKAGES = ("bench", "data", "eval", "model", "ops", "scripts", "tests", "utils")   # the repository's own code only:
+# a virtualenv or a run folder inside the checkout (venv/, runs/) is not scanned; bench/results holds no code
 
 
 def sources() -> list[Path]:

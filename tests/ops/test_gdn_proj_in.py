@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
+from bench.chains import normed_input
 from ops import BackendError, get_op
 from ops.gdn_proj_in import fused, naive
-from scripts.bench_ops import normed_input
 from tests.helpers import rel_err, saved_bytes
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
@@ -99,7 +99,7 @@ GPU_SHAPES = {"gdn340m_B8T2048d1024H8K128": (8, 2048, 1024, 8, 128, 128, 4),
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 at full shapes needs a CUDA GPU")
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name):
-    """Under bf16 autocast, as the model runs (x a non-leaf: bench_ops.normed_input), against the fp32 naive op:
+    """Under bf16 autocast, as the model runs (x a non-leaf: bench.chains.normed_input), against the fp32 naive op:
     every output and gradient within twice PyTorch's own bf16 error on the same chain plus 1e-3 (STYLE.md §7)."""
     shape = GPU_SHAPES[name]
     H = shape[3]

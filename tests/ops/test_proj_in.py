@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 import torch
 
+from bench.chains import normed_input
 from ops import BackendError, get_op, parse_fuse
 from ops.proj_in import fused, naive
-from scripts.bench_ops import normed_input
 from tests.helpers import rel_err, saved_bytes
 
 # every test: the fp32 oracle without TF32 (tests/conftest.py)
@@ -219,7 +219,7 @@ GPU_SHAPES = {"seed_B8T4096d2048H16K128": (8, 4096, 2048, 16, 128, 128, 16),
 @pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name, engine):
-    """Under bf16 autocast, as the model runs (fp32 x from the block's norm: a non-leaf, bench_ops.normed_input,
+    """Under bf16 autocast, as the model runs (fp32 x from the block's norm: a non-leaf, bench.chains.normed_input,
     so the naive chain casts it at each F.linear as the model does), against the fp32 naive op. Bound:
     twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of rounding slack
     (STYLE.md §7), for every output and every gradient."""
