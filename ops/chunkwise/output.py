@@ -48,7 +48,7 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
             b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
         else:
             b_qd = b_q * tl.exp(load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)) * scale
-        b_h = tl.load(h + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+        b_h = tl.load(h + row_offsets(i_b, i_h, i_t, NT, H, K * V) + o_k[:, None] * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_o += tl.dot(b_qd.to(b_v.dtype), b_h.to(b_v.dtype), input_precision=PREC)
     p_A = A + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :]
@@ -109,7 +109,7 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
             b_bk = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
             b_blk = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
             b_kd = b_k * tl.exp(tl.where(m_t[:, None], b_blk[None, :] - b_bk, 0.0))
-        b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+        b_dh = tl.load(dh + row_offsets(i_b, i_h, i_t, NT, H, K * V) + o_k[:, None] * V + o_v[None, :],
                        mask=m_k[:, None] & m_v[None, :], other=0.0)
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
     store_rows(dv, b_dv, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
@@ -126,7 +126,7 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        p_state_t = ((i_b * NT + i_t) * H + i_h) * K * V + o_v[:, None] + o_k[None, :] * V
+        p_state_t = row_offsets(i_b, i_h, i_t, NT, H, K * V) + o_v[:, None] + o_k[None, :] * V
         m_vk = m_v[:, None] & m_k[None, :]
         b_ht = tl.load(h + p_state_t, mask=m_vk, other=0.0)                    # [BV, BK]
         b_dht = tl.load(dh + p_state_t, mask=m_vk, other=0.0)

@@ -73,14 +73,14 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if SEEDED:
-        b_h += tl.load(h0 + ((i_b * S + i_s) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]), mask=m_kv,
+        b_h += tl.load(h0 + row_offsets(i_b, i_h, i_s, S, H, K * V) + (o_k[:, None] * V + o_v[None, :]), mask=m_kv,
                        other=0.0).to(tl.float32)
     elif USE_H0:
         if i_s == 0:
             b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     b_lam = tl.zeros([BK], dtype=tl.float32)
     for i_t in range(i_s * NS, tl.minimum(i_s * NS + NS, NT)):
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
+        tl.store(h + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -136,7 +136,7 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.con
     t_end = tl.minimum(i_s * NS + NS, NT)
     for j in range(t_end - i_s * NS):
         i_t = t_end - 1 - j
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
+        tl.store(dh + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -184,7 +184,7 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
     for j in range(t_end - i_s * NS):
         i_t = (t_end - 1 - j) if REVERSE else (i_s * NS + j)
         if n_before > 0:
-            p_h = h + ((i_b * NT + i_t) * H + i_h) * K * V + p_kv
+            p_h = h + row_offsets(i_b, i_h, i_t, NT, H, K * V) + p_kv
             tl.store(p_h, (tl.load(p_h, mask=m_kv, other=0.0).to(tl.float32) + b_c).to(h.dtype.element_ty), mask=m_kv)
         if STEP:                                       # the chunk's total: its per-step decays summed
             o_t = i_t * BT + tl.arange(0, BT)

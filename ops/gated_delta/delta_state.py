@@ -43,7 +43,7 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
     if USE_H0:
         b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     for i_t in range(NT):
-        tl.store(h + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
+        tl.store(h + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
@@ -80,7 +80,7 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
         b_dh += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
     for j in range(NT):
         i_t = NT - 1 - j
-        tl.store(dh + ((i_b * NT + i_t) * H + i_h) * K * V + (o_k[:, None] * V + o_v[None, :]),
+        tl.store(dh + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + o_c
         m_t = o_t < T

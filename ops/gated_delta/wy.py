@@ -194,7 +194,7 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
-    p_h = h + ((i_b * NT + i_t) * H + i_h) * K * V
+    p_h = h + row_offsets(i_b, i_h, i_t, NT, H, K * V)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K

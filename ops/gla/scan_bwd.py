@@ -56,7 +56,7 @@ def fused_scan_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, N
         b_dqs = tl.zeros([BT, BK], dtype=tl.float32)                # do hᵀ
         b_dks = tl.zeros([BT, BK], dtype=tl.float32)                # v dhᵀ
         b_hdh = tl.zeros([BK], dtype=tl.float32)
-        p_kv = ((i_b * NT + i_t) * H + i_h) * K * V
+        p_kv = row_offsets(i_b, i_h, i_t, NT, H, K * V)
         for i_v in range(tl.cdiv(V, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < V
@@ -103,7 +103,7 @@ def fused_scan_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr,
         m_v = o_v < V
         m_tv = m_t[:, None] & m_v[None, :]
         last = tl.minimum(i_t * BT + BT, T) - 1
-        p_kv = ((i_b * NT + i_t) * H + i_h) * K * V
+        p_kv = row_offsets(i_b, i_h, i_t, NT, H, K * V)
         b_At = tl.zeros([BT, BT], dtype=tl.float32)
         b_dv = tl.zeros([BT, BV], dtype=tl.float32)
         for i_k in range(tl.cdiv(K, BK)):

@@ -77,7 +77,7 @@ def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr
                     b_st += tl.dot(b_kg, b_qgt, input_precision=PREC)
                     b_bL = tl.load(b + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_k, other=0.0)
                     b_kd = b_k * tl.exp(tl.where(m_j[:, None], b_bL[None, :] - b_bj, 0.0))
-                    b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                    b_dh = tl.load(dh + row_offsets(i_b, i_h, i_t, NT, H, K * V) + o_k[:, None] * V + o_v[None, :],
                                    mask=m_k[:, None] & m_v[None, :], other=0.0)
                     b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
                 b_dv += tl.dot((b_st * scale).to(b_do.dtype), b_do, input_precision=PREC)
