@@ -186,6 +186,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optim.grad_clip": _at_least(0),
     "model.vocab_size": _at_least(1), "model.d_model": _at_least(1), "model.n_layers": _at_least(1),
     "model.n_heads": _at_least(1), "model.chunk_size": _at_least(1),
+    "model.norm_eps": _at_least(0, strict=True), "model.o_norm_eps": _at_least(0),
 }
 
 

@@ -25,6 +25,9 @@ class ModelConfig:
     chunk_size: int = 64               # C of the chunkwise ops (GLA, Gated DeltaNet, Mamba-2's SSD); every backend
     #                                    of them receives it, and one that cannot run it is refused at start-up
     norm_eps: float = 1e-6
+    # eps of the per-head output norm of GLA and Gated DeltaNet (RMSNorm_head(o) before the gate). Its gain is up to
+    # 1/√eps where o ≈ 0 (the first token's output when q·k ≈ 0), which amplifies rounding; 0 → norm_eps
+    o_norm_eps: float = 0.0
     init_std: float = 0.02
     tie_embeddings: bool = True
     # GLA

@@ -35,7 +35,7 @@ class GatedDeltaNetMixer(nn.Module):
         self.A_log = nn.Parameter(torch.empty(H))
         self.dt_bias = nn.Parameter(torch.empty(H))
         self.r_proj = nn.Linear(d, H * V, bias=False)                        # output gate W_r
-        self.o_norm = RMSNorm(V, cfg.norm_eps)
+        self.o_norm = RMSNorm(V, cfg.o_norm_eps or cfg.norm_eps)            # per head, weight shared by heads
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
         self.gated_delta, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "gated_delta",

@@ -29,7 +29,7 @@ class GLAMixer(nn.Module):
         self.gk_down = nn.Linear(d, cfg.gate_low_rank, bias=False)          # W_g1
         self.gk_up = nn.Linear(cfg.gate_low_rank, H * K, bias=True)         # W_g2, b
         self.r_proj = nn.Linear(d, H * V, bias=False)                       # output gate W_r
-        self.o_norm = RMSNorm(V, cfg.norm_eps)                              # per head, weight shared by heads
+        self.o_norm = RMSNorm(V, cfg.o_norm_eps or cfg.norm_eps)            # per head, weight shared by heads
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
         self.gla, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "gla", "proj_in")

@@ -114,3 +114,11 @@ def test_gla_plan_follows_the_decisions():
 def test_naive_models_report_no_plan():
     cfg = dataclasses.replace(cfg_of("gla"), backend="naive")
     assert build_model(cfg).kernel_plans(8, 2048, torch.float32, torch.device("cpu")) == []
+
+
+@pytest.mark.parametrize("family", ["gla", "gated_deltanet"])
+def test_output_norm_eps_is_its_own_setting(family):
+    """model.o_norm_eps sets the per-head output norm's eps (which the fused proj_out receives); 0 → norm_eps."""
+    assert build_model(cfg_of(family)).blocks[0].mixer.o_norm.eps == 1e-6
+    mixer = build_model(cfg_of(family, o_norm_eps=1e-2, norm_eps=1e-5)).blocks[0].mixer
+    assert mixer.o_norm.eps == 1e-2 and build_model(cfg_of(family, norm_eps=1e-5)).blocks[0].mixer.o_norm.eps == 1e-5
