@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,10 @@ def set_dotted(cfg: Config, key: str, raw: str) -> None:
                 raise ConfigError(f"config key {key!r} is a section; set one of its fields")
             # text fields take the CLI text as typed: YAML would read --train.name=off as False, 0123 as octal 83
             # and null as None, and str() of those would name the run folder 'False', '83' or ''
-            value = yaml.safe_load(raw) if isinstance(raw, str) and typ is not str else raw
+            try:
+                value = yaml.safe_load(raw) if isinstance(raw, str) and typ is not str else raw
+            except yaml.YAMLError:
+                raise ConfigError(f"config key {key!r} expects {typ.__name__}, got {raw!r}") from None
             setattr(obj, p, _coerce("" if value is None else value, typ, key))
         else:
             obj = getattr(obj, p)
@@ -184,17 +188,41 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "optim.min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"), "optim.weight_decay": _at_least(0),
     "optim.beta1": _UNIT, "optim.beta2": _UNIT, "optim.eps": _at_least(0, strict=True),
     "optim.grad_clip": _at_least(0),
-    "model.vocab_size": _at_least(1), "model.d_model": _at_least(1), "model.n_layers": _at_least(1),
-    "model.n_heads": _at_least(1), "model.chunk_size": _at_least(1),
+    # every model dimension: 0 would divide by zero (head_k_dim ** -0.5) or build empty layers deep in the run
+    **{f"model.{k}": _at_least(1) for k in (
+        "vocab_size", "d_model", "n_layers", "n_heads", "head_k_dim", "head_v_dim", "chunk_size", "gate_low_rank",
+        "conv_size", "expand", "ssm_head_dim", "ssm_state", "ssm_groups", "max_seq_len", "latent_dim", "ra_window")},
+    "model.mlp_hidden": _at_least(0), "model.gate_normalizer": _at_least(0, strict=True),
+    "model.init_std": _at_least(0),
     "model.norm_eps": _at_least(0, strict=True), "model.o_norm_eps": _at_least(0),
+    "data.synthetic.vocab_size": _at_least(2), "data.synthetic.order": _at_least(1),
+    "data.synthetic.concentration": _at_least(0, strict=True), "data.synthetic.train_tokens": _at_least(1),
+    "data.synthetic.eval_tokens": _at_least(1),
 }
 
 
+def _floats(obj: Any, prefix: str = ""):
+    """(dotted key, value) of every float field under a config dataclass."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _floats(value, key + ".")
+        elif hints[f.name] is float:
+            yield key, value
+
+
 def validate(cfg: Config) -> Config:
-    """Raise ConfigError naming the first key outside its range (RANGES)."""
+    """Raise ConfigError naming the first float that is not finite (inf or nan: a run would take it until it
+    diverged), then the first key outside its range (RANGES)."""
+    for key, value in _floats(cfg):
+        if not math.isfinite(value):
+            raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
     for key, (ok, want) in RANGES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        obj, *path, name = [cfg, *key.split(".")]
+        for part in path:
+            obj = getattr(obj, part)
+        value = getattr(obj, name)
         if not ok(value):
             raise ConfigError(f"config key {key!r} must be {want}, got {value!r}")
     return cfg
@@ -206,7 +234,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     d = {}
     if path is not None:
         with open(path) as f:
-            d = yaml.safe_load(f) or {}
+            try:
+                d = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: {_yaml_problem(e)}; fix the file's YAML syntax") from None
         if not isinstance(d, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
     try:
@@ -216,6 +247,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for k, v in parse_overrides(overrides or [], flags):
         set_dotted(cfg, k, v)
     return validate(cfg)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """'not valid YAML at line L, column C: PROBLEM' (1-based, as editors count) from a yaml error."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"not valid YAML{where}: {problem}"
 
 
 def config_from_dict(d: dict) -> Config:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from data.config import DataConfig
-from data.shards import ShardError, TokenStore, build, is_current, read_meta
-from data.sources import SPLITS, Source, default_num_proc, load_text, parse_source, text_fingerprint
+from data.config import DataConfig, DataSourceError
+from data.shards import TokenStore, build, is_current, read_meta
+from data.sources import (SPLITS, Source, default_num_proc, load_text, local_split_file, parse_source,
+                          text_fingerprint)
 from data.synthetic import MarkovSource
 from data.tokenizer import EOT, get_tokenizer, tokenizer_fingerprint
 
@@ -22,6 +22,18 @@ from data.tokenizer import EOT, get_tokenizer, tokenizer_fingerprint
 def source_for(cfg: DataConfig, split: str) -> Source:
     spec = cfg.source if split == "train" or not cfg.eval_source else cfg.eval_source
     return parse_source(spec)
+
+
+def check_sources(cfg: DataConfig, splits: list[str] | tuple[str, ...]) -> None:
+    """Every split of `splits` can be found before any is tokenized: each source spec parses, and a local
+    directory holds a file for each split it is to give (a hub dataset's splits are known only once loaded).
+    Otherwise a missing valid split would be reported only after the train split's tokenization."""
+    for split in splits:
+        if split not in SPLITS:
+            raise DataSourceError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        src = source_for(cfg, split)
+        if src.kind == "local":
+            local_split_file(src, split)
 
 
 def shard_folder(cfg: DataConfig, src: Source, split: str) -> Path:
@@ -97,20 +109,21 @@ def prepare_split(cfg: DataConfig, split: str, log=print) -> TokenStore:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from config import load_config
+    from config import load_config, parser_flags
 
     p = argparse.ArgumentParser(description="Tokenize a config's data splits into shards.")
     p.add_argument("--config", required=True)
     p.add_argument("--splits", default="train,valid,test")
     args, rest = p.parse_known_args(argv)
-    cfg = load_config(args.config, rest)
-    for split in args.splits.split(","):
-        try:
-            store = prepare_split(cfg.data, split)
-        except (ShardError, FileNotFoundError) as e:
-            sys.exit(f"error: {e}")
+    cfg = load_config(args.config, rest, parser_flags(p))
+    splits = [s for s in args.splits.split(",") if s]
+    check_sources(cfg.data, splits)
+    for split in splits:
+        store = prepare_split(cfg.data, split)
         print(f"{split}: {store.n_tokens:,} tokens in {store.folder}")
 
 
 if __name__ == "__main__":
-    main()
+    from utils.cli import run_cli
+
+    run_cli(main)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from utils.errors import UserError
+from utils.errors import UserError, write_error
 
 FORMAT_VERSION = 1
 MAX_SHARD_TOKENS = 1 << 27  # 256 MB of uint16 per shard
@@ -25,6 +25,14 @@ MAX_SHARD_TOKENS = 1 << 27  # 256 MB of uint16 per shard
 
 class ShardError(UserError, RuntimeError):
     pass
+
+
+CACHE_REMEDY = "make --data.cache_dir writable or free space on it, or choose another --data.cache_dir"
+
+
+def _write(data: np.ndarray, path: Path) -> None:
+    """One shard file (the one place shards are written, so a test can make it fail)."""
+    data.tofile(path)
 
 
 def _sha256(path: Path) -> str:
@@ -38,8 +46,9 @@ def _sha256(path: Path) -> str:
 class ShardWriter:
     """Appends token arrays and cuts them into shards inside a staging folder."""
 
-    def __init__(self, staging: Path, max_shard_tokens: int = MAX_SHARD_TOKENS):
+    def __init__(self, staging: Path, max_shard_tokens: int = MAX_SHARD_TOKENS, target: Path | None = None):
         self.dir, self.max = staging, max_shard_tokens
+        self.target = target or staging        # the folder the staging one becomes, for error messages
         self.shards: list[dict] = []
         self._buf: list[np.ndarray] = []
         self._n = 0
@@ -56,8 +65,12 @@ class ShardWriter:
         data = np.concatenate(self._buf) if self._buf else np.empty(0, np.uint16)
         head, rest = data[:n], data[n:]
         path = self.dir / f"shard_{len(self.shards):04d}.bin"
-        head.tofile(path)
-        self.shards.append({"file": path.name, "n_tokens": int(head.size), "sha256": _sha256(path)})
+        try:
+            _write(head, path)
+            digest = _sha256(path)
+        except OSError as e:
+            raise write_error(e, f"token shards in {self.target}", CACHE_REMEDY) from None
+        self.shards.append({"file": path.name, "n_tokens": int(head.size), "sha256": digest})
         self._buf, self._n = [rest], rest.size
 
     def close(self) -> list[dict]:
@@ -67,22 +80,30 @@ class ShardWriter:
 
 
 def build(folder: Path, fingerprint: dict, fill, max_shard_tokens: int = MAX_SHARD_TOKENS) -> dict:
-    """Build shards in a staging folder with `fill(writer) -> extra meta`, then swap into place."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    """Build shards in a staging folder with `fill(writer) -> extra meta`, then swap into place. A failed write
+    (read-only or full cache, a file where a folder should be) is one WriteError naming the folder, and leaves
+    no staging folder behind."""
     staging = folder.with_name(f"{folder.name}.building-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
     try:
-        writer = ShardWriter(staging, max_shard_tokens)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    except OSError as e:
+        raise write_error(e, f"token shards in {folder}", CACHE_REMEDY) from None
+    try:
+        writer = ShardWriter(staging, max_shard_tokens, target=folder)
         extra = fill(writer)
         shards = writer.close()
         meta = {"format": FORMAT_VERSION, "fingerprint": fingerprint, "dtype": "uint16",
                 "n_tokens": sum(s["n_tokens"] for s in shards), "shards": shards, **extra}
-        tmp = staging / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, staging / "meta.json")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(staging, folder)
+        try:
+            tmp = staging / "meta.json.tmp"
+            tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp, staging / "meta.json")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(staging, folder)
+        except OSError as e:
+            raise write_error(e, f"token shards in {folder}", CACHE_REMEDY) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return meta
@@ -93,9 +114,23 @@ def read_meta(folder: Path) -> dict | None:
     if not p.is_file():
         return None
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        meta = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ShardError(f"{p} is not valid JSON ({e}); delete {folder} to rebuild it") from e
+    if not isinstance(meta, dict):
+        raise ShardError(f"{p} is not a shard index (a JSON object); delete {folder} to rebuild it")
+    return meta
+
+
+def _check_meta(meta: dict, folder: Path) -> None:
+    """What TokenStore reads from meta.json is there: a list of shards with file, n_tokens and sha256."""
+    shards = meta.get("shards")
+    bad = ("has no 'shards' list" if not isinstance(shards, list) else
+           "lists a shard without its file, n_tokens and sha256"
+           if not all(isinstance(s, dict) and {"file", "n_tokens", "sha256"} <= s.keys() for s in shards) else
+           "has no 'vocab_size'" if "vocab_size" not in meta else None)
+    if bad:
+        raise ShardError(f"{folder / 'meta.json'} {bad} (incomplete or edited); delete {folder} to rebuild it")
 
 
 def is_current(meta: dict | None, fingerprint: dict) -> bool:
@@ -109,6 +144,7 @@ class TokenStore:
         meta = read_meta(folder)
         if meta is None:
             raise ShardError(f"no prepared shards in {folder}")
+        _check_meta(meta, folder)
         self.folder, self.meta = folder, meta
         self.arrays, self.offsets = [], [0]
         for s in meta["shards"]:

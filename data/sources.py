@@ -59,7 +59,9 @@ def local_split_file(src: Source, split: str) -> Path:
         p = Path(src.name) / name
         if p.is_file():
             return p
-    raise FileNotFoundError(f"no {split!r} split in {src.name}: looked for {', '.join(_LOCAL_NAMES[split])}")
+    option = "--data.source" if split == "train" else "--data.eval_source"
+    raise FileNotFoundError(f"no {split!r} split in {src.name}: looked for {', '.join(_LOCAL_NAMES[split])}; add "
+                            f"one, or point {option} at a directory that has it")
 
 
 def text_fingerprint(src: Source, split: str) -> dict:

@@ -69,3 +69,34 @@ def test_zero_disables_where_documented():
 def test_a_mistyped_script_option_is_named():
     with pytest.raises(ConfigError, match="unknown option '--bakend': did you mean --backend"):
         load_config("configs/smoke.yaml", ["--bakend", "naive"], flags=["--backend", "--config"])
+
+
+def test_malformed_yaml_names_the_file_line_and_column(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model:\n  d_model: 32\n  n_layers: 2\n   n_heads: 4\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML at line 4, column 11: mapping values are not "
+                                          r"allowed here; fix the file's YAML syntax"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("key", ["optim.lr", "optim.eps", "optim.grad_clip", "model.norm_eps", "model.ra_alpha",
+                                 "data.synthetic.concentration"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", ".inf"])
+def test_every_float_key_must_be_finite(key, value):
+    with pytest.raises(ConfigError, match=f"'{key}' must be a finite number"):
+        load_config("configs/smoke.yaml", [f"--{key}={value}"])
+
+
+@pytest.mark.parametrize("key", ["d_model", "n_layers", "n_heads", "head_k_dim", "head_v_dim", "chunk_size",
+                                 "gate_low_rank", "conv_size", "expand", "ssm_head_dim", "ssm_state", "ssm_groups",
+                                 "max_seq_len", "latent_dim", "ra_window", "vocab_size"])
+def test_every_model_dimension_must_be_positive(key):
+    with pytest.raises(ConfigError, match=f"'model.{key}' must be >= 1, got 0"):
+        load_config("configs/smoke.yaml", [f"--model.{key}=0"])
+
+
+def test_a_non_finite_float_in_yaml_is_refused_too(tmp_path):
+    p = tmp_path / "inf.yaml"
+    p.write_text("optim:\n  lr: .inf\n")
+    with pytest.raises(ConfigError, match="'optim.lr' must be a finite number, got inf"):
+        load_config(p)
