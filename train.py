@@ -8,7 +8,8 @@
 Any config key can be overridden as --section.key=value (or --section.key value); the sections are model,
 data, optim and train, and config.py lists their keys. Unknown keys are errors. The run folder
 <train.out_dir>/<train.name> receives config.yaml, run.json (commit, device, versions, per-layer
-backends), metrics.jsonl and checkpoints/.
+backends), metrics.jsonl and checkpoints/. One training process at a time holds a run folder (its .lock; a
+second run with the same --train.name refuses to start); evaluation reads it without the lock.
 
 Backends: naive (PyTorch reference), chunk (chunkwise Triton kernels), fused (this repository's fused
 kernels; --fuse picks among their components), fla (the flash-linear-attention package). A backend an
@@ -22,7 +23,7 @@ import json
 import math
 import os
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import torch
@@ -31,14 +32,15 @@ from accelerate.utils import set_seed
 from tqdm import tqdm
 
 from config import Config, ConfigError, load_config, parser_flags, save_config, to_dict
-from data.prepare import prepare_split
+from data.prepare import check_sources, prepare_split
 from data.sampler import BatchSampler, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
-from utils.checkpoint import (latest_checkpoint, load_checkpoint, read_state, resolve_checkpoint, save_checkpoint,
-                              supersede_after)
+from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoint, read_state, resume_target,
+                              save_checkpoint, supersede_after)
 from utils.cli import run_cli
-from utils.errors import UserError
+from utils.errors import UserError, write_error
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
+from utils.runlock import take_run_folder
 
 
 class Diverged(UserError, RuntimeError):
@@ -194,6 +196,11 @@ def check_finite(pending: list[tuple[int, torch.Tensor, torch.Tensor]], last_ckp
 
 
 def main(argv: list[str] | None = None) -> dict:
+    with ExitStack() as stack:          # holds the run folder's lock until main returns or raises
+        return _main(argv, stack)
+
+
+def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     t_launch = time.time()
     args, overrides = parse_args(argv)
     cfg = load_config(args.config, overrides, args.flags)
@@ -218,14 +225,15 @@ def main(argv: list[str] | None = None) -> dict:
     main_proc, device = accelerator.is_main_process, accelerator.device
     log = accelerator.print
     run_dir = Path(tc.out_dir) / tc.name
+    eval_on = bool(tc.eval_interval or tc.eval_batches)
+    check_sources(cfg.data, ["train", "valid"] if eval_on else ["train"])   # before any split is tokenized
 
+    take_run_folder(run_dir, accelerator, stack, log)
+    if main_proc:
+        clean_stale_tmp(run_dir, log)
     resume_from = None
-    if args.resume == "latest":
-        resume_from = latest_checkpoint(run_dir)
-        if resume_from is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {run_dir}/checkpoints")
-    elif args.resume:
-        resume_from = resolve_checkpoint(args.resume)
+    if args.resume:       # the newest checkpoint that reads back, skipping (with a warning) newer ones that do not
+        resume_from = resume_target(run_dir if args.resume == "latest" else Path(args.resume), log)
     elif latest_checkpoint(run_dir) is not None:
         raise FileExistsError(f"{run_dir} already holds checkpoints; pass --resume to continue it or "
                               "choose another --train.name")
@@ -245,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     with accelerator.main_process_first():
         train_store = prepare_split(cfg.data, "train", log=log)
-        val_store = prepare_split(cfg.data, "valid", log=log) if tc.eval_interval or tc.eval_batches else None
+        val_store = prepare_split(cfg.data, "valid", log=log) if eval_on else None
     if cfg.model.vocab_size < train_store.vocab_size:
         raise ConfigError(f"model.vocab_size {cfg.model.vocab_size} < the data's vocabulary "
                           f"{train_store.vocab_size}")
@@ -273,14 +281,17 @@ def main(argv: list[str] | None = None) -> dict:
             for moved in supersede_after(run_dir, step, resume_from):
                 log(f"resume: {moved.name} is after the resumed step; moved to {moved.parent}")
         accelerator.wait_for_everyone()
+    metrics = None
     if main_proc:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-        info = {"config": to_dict(cfg), "precision": precision, "world_size": accelerator.num_processes,
-                "params": n_params, "backends": [{"layer": i, "op": o, "backend": b} for i, o, b in backends],
-                **environment(device)}
-        (run_dir / "run.json").write_text(json.dumps(info, indent=1))
-    metrics = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=step, log=log) if main_proc else None
+        try:
+            save_config(cfg, run_dir / "config.yaml")
+            info = {"config": to_dict(cfg), "precision": precision, "world_size": accelerator.num_processes,
+                    "params": n_params, "backends": [{"layer": i, "op": o, "backend": b} for i, o, b in backends],
+                    **environment(device)}
+            (run_dir / "run.json").write_text(json.dumps(info, indent=1))
+            metrics = JsonlWriter(run_dir / "metrics.jsonl", truncate_after_step=step, log=log)
+        except OSError as e:
+            raise write_error(e, f"the run folder {run_dir}", "free space or choose a writable --train.out_dir") from None
     per_layer = sorted({f"{o}={b}" for _, o, b in backends})
     log(f"{cfg.model.family}: {n_params / 1e6:.2f}M params, layers' ops: {', '.join(per_layer)} "
         f"(x{cfg.model.n_layers}); {accelerator.num_processes} process(es) on {device}, precision {precision}; "
@@ -369,6 +380,11 @@ def main(argv: list[str] | None = None) -> dict:
         bar.close()
         if metrics:
             metrics.write({"step": e.step, "error": str(e)})
+            metrics.close()
+        raise
+    except UserError:         # a checkpoint or the metrics could not be written: the message says what to do
+        bar.close()
+        if metrics:
             metrics.close()
         raise
     except KeyboardInterrupt:

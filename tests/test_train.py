@@ -16,7 +16,8 @@ import train
 from scripts import plot_run
 from config import ConfigError
 from ops import BackendError
-from utils.checkpoint import STATE_FILE, latest_checkpoint, load_checkpoint, save_checkpoint, supersede_after
+from utils.checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
+                              supersede_after)
 from utils.errors import UserError
 from utils.runinfo import JsonlWriter
 
@@ -201,14 +202,15 @@ def test_fewer_validation_windows_than_asked_are_reported(tmp_path, capsys):
     assert "the split holds 62 windows of 32 tokens, fewer than the 400" in capsys.readouterr().out
 
 
-def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path):
+def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     train.main(tiny(tmp_path, "d", "--train.max_steps=6"))
     run = tmp_path / "runs" / "d"
     good = latest_checkpoint(run)
     AcceleratorState._reset_state(True)
+    # an infinite learning rate from the resumed step on (the config refuses --optim.lr=inf itself)
+    monkeypatch.setattr(train, "lr_at", lambda step, cfg: float("inf"))
     with pytest.raises(train.Diverged, match=r"not finite.*step_00000006"):
-        train.main(tiny(tmp_path, "d", "--optim.lr=inf", "--train.max_steps=12", "--train.log_interval=5")
-                   + ["--resume", "--allow-changes"])
+        train.main(tiny(tmp_path, "d", "--train.max_steps=12", "--train.log_interval=5") + ["--resume"])
     assert latest_checkpoint(run) == good
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     # step 7's inf update makes step 8's loss NaN; the check at the step-10 log finds it and names step 8
@@ -225,9 +227,10 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(acc, "save_state", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match=r"step_00000002: disk full\. The partial step_00000002.tmp was "
+                                              r"removed; the last good checkpoint is .*step_00000001"):
         save_checkpoint(acc, tmp_path, 2, {}, keep=2)
-    assert latest_checkpoint(tmp_path) == first
+    assert latest_checkpoint(tmp_path) == first and not (tmp_path / "checkpoints" / "step_00000002.tmp").exists()
     monkeypatch.undo()
     assert load_checkpoint(acc, first)["note"] == "good"
 

@@ -9,26 +9,46 @@ save_checkpoint then gathers the full weights and writes model.safetensors as we
 generation and parity read every run's checkpoints alike.
 
 A checkpoint is written under `<name>.tmp` and renamed into place only when complete, and
-`latest` moves only after that, so a crash mid-save leaves the previous checkpoint usable.
+`latest` moves only after that, so a crash mid-save leaves the previous checkpoint usable. A save that fails
+(full disk, read-only folder) removes its `.tmp` folder and raises CheckpointError naming the last good
+checkpoint; `.tmp` folders a killed process left are removed at the next start (clean_stale_tmp).
+
+On --resume, find_resumable checks each candidate cheaply before accelerate's load_state (trainer_state.json
+parses, model.safetensors's header opens, optimizer.bin loads memory-mapped) and falls back to the previous
+good checkpoint, saying what it skipped and why.
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
 import time
+import zipfile
 from pathlib import Path
+from typing import Callable
 
 import torch
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, gather_object
+from safetensors import SafetensorError, safe_open
 
+from utils.errors import UserError, free_bytes, os_reason
 from utils.runinfo import write_atomic
 
 _STEP = re.compile(r"^step_(\d{8})$")
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.bin"
+FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
+# what a resume may do instead when a checkpoint cannot be used
+START_OVER = "start over with another --train.name"
+PICK_ANOTHER = "pass --resume PATH to a specific checkpoint (a step_* folder)"
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be written or read back, with the file, the reason and what to do."""
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -61,35 +81,198 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
+def _first_failure(accelerator, error: str | None) -> str | None:
+    """Every rank's `error` (None: this rank succeeded), gathered: the first one, or None on every rank if all
+    succeeded. A collective, so it doubles as a barrier; every rank then fails alike instead of the others
+    waiting forever for a rank that stopped."""
+    return next((e for e in gather_object([error]) if e), None)
+
+
+# how torch's zip writer and safetensors report a full disk (a RuntimeError, not an OSError)
+_WRITE_FAILURE_TEXT = re.compile(r"No space left|unexpected pos|failed writing|write failed|file write|IoError|"
+                                 r"StorageFull|Disk quota", re.I)
+_LOW_SPACE = 64 << 20
+
+
+def _write_failure(e: BaseException, where: Path) -> str | None:
+    """Why writing under `where` failed, in words, if `e` is a failed write (an OSError, torch's or safetensors'
+    write errors, or any error with the disk nearly full); None if it looks like a bug."""
+    free = free_bytes(where)
+    low = free is not None and free < _LOW_SPACE
+    if isinstance(e, OSError):
+        return os_reason(e)
+    lines = str(e).strip().splitlines() or [""]
+    line = next((x for x in lines if _WRITE_FAILURE_TEXT.search(x)), lines[0]).strip()[:200]
+    if _WRITE_FAILURE_TEXT.search(str(e)) or low:
+        disk = f"the disk is full ({free / 2**20:.0f} MiB free)" if low else "the write failed"
+        return f"{disk}: {type(e).__name__}: {line}"
+    return None
+
+
 def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: int,
                     model: torch.nn.Module | None = None) -> Path:
     """Save model, optimizer and RNG states plus `state` (JSON) as step `step`; all ranks call this.
-    `model` (the prepared one) is needed under FSDP, for the gathered model.safetensors."""
+    `model` (the prepared one) is needed under FSDP, for the gathered model.safetensors.
+    A failed write (full disk, read-only folder) removes the partial `.tmp` folder, leaves the previous
+    checkpoint as it was, and raises CheckpointError on every rank, naming the last good checkpoint."""
     fsdp = accelerator.distributed_type == DistributedType.FSDP
     if fsdp and model is None:
         raise ValueError("save_checkpoint under FSDP needs the prepared model, to write the full weights")
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:08d}"
     tmp = root / f"{final.name}.tmp"
-    if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    if fsdp:   # gathers on every rank (a collective), writes on rank 0; one file, the one eval/perplexity.py reads
-        accelerator.save_model(model, str(tmp), max_shard_size="1000GB", safe_serialization=True)
+    main = accelerator.is_main_process
+    previous = latest_checkpoint(run_dir) if main else None
+    bug: BaseException | None = None
+
+    def attempt(fn: Callable[[], None]) -> None:
+        """Run fn on this rank, then agree with the others; on any rank's failure clean up and raise."""
+        nonlocal bug
+        error = None
+        try:
+            fn()
+        except Exception as e:
+            error = _write_failure(e, root)
+            if error is None:
+                bug, error = e, f"{type(e).__name__} on rank {accelerator.process_index}: {e}"
+        failure = _first_failure(accelerator, error)
+        if failure is None:
+            return
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if bug is not None:
+            raise bug       # a bug keeps its traceback (the partial folder is gone all the same)
+        last = previous if main else None
+        raise CheckpointError(
+            f"could not write checkpoint {final}: {failure}. The partial {tmp.name} was removed; "
+            + (f"the last good checkpoint is {last}" if last else "no earlier checkpoint was saved" if main
+               else "see rank 0's message for the last good checkpoint")
+            + f". Free space or make {root} writable, then continue with the same command and --resume")
+
+    def begin() -> None:
+        if main:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+
+    def write() -> None:
+        accelerator.save_state(str(tmp), safe_serialization=True)
+        if fsdp:   # gathers on every rank (a collective), writes on rank 0; one file, the one eval/perplexity.py reads
+            accelerator.save_model(model, str(tmp), max_shard_size="1000GB", safe_serialization=True)
+
+    def finish() -> None:
+        if main:
+            write_atomic(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=1))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            write_atomic(root / "latest", final.name)
+            for old in complete_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+
+    attempt(begin)
     # every rank writes its own RNG state into tmp: none may be renamed away while another still writes
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        write_atomic(tmp / STATE_FILE, json.dumps({**state, "step": step}, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        write_atomic(root / "latest", final.name)
-        for old in complete_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
+    attempt(write)
+    attempt(finish)
     return final
+
+
+def clean_stale_tmp(run_dir: Path, log: Callable[[str], None] = print) -> list[Path]:
+    """Remove the `<step>.tmp` checkpoint folders (and `latest.tmp`) that a process killed mid-save left in the
+    run folder; call with the run's lock held, so no live run is writing them. Returns what was removed."""
+    root = Path(run_dir) / "checkpoints"
+    stale = sorted(p for p in root.glob("*.tmp")) if root.is_dir() else []
+    for p in stale:
+        log(f"removing {p}: a checkpoint left incomplete by an earlier process that stopped mid-save")
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return stale
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint folder `path` cannot be resumed from (the file and what is wrong with it), or None.
+    Cheap: trainer_state.json is parsed, model.safetensors's header opened (safetensors checks it against the
+    file's size), optimizer.bin loaded memory-mapped (its zip index sits at the end: a truncated or garbage file
+    fails at once). A sharded FSDP checkpoint's shard folders are left to accelerate."""
+    path = Path(path)
+    state = path / STATE_FILE
+    try:
+        saved = json.loads(state.read_text())
+    except FileNotFoundError:
+        return f"{state} is missing"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"{state} is unreadable (truncated or corrupt: {type(e).__name__}: {e})"
+    if not isinstance(saved, dict) or not isinstance(saved.get("step"), int):
+        return f"{state} records no step (not a trainer state)"
+    sharded = (path / FSDP_MODEL_DIR).is_dir()
+    weights = path / WEIGHTS_FILE
+    if weights.exists() or not sharded:
+        try:
+            with safe_open(str(weights), framework="pt") as f:
+                if not list(f.keys()):
+                    return f"{weights} holds no tensors"
+        except FileNotFoundError:
+            return f"{weights} is missing"
+        except (OSError, SafetensorError, ValueError, RuntimeError) as e:
+            return f"{weights} is unreadable (truncated or corrupt: {type(e).__name__}: {e})"
+    optimizer = path / OPTIMIZER_FILE
+    if optimizer.exists() or not sharded:
+        if not optimizer.is_file():
+            return f"{optimizer} is missing"
+        try:
+            if not zipfile.is_zipfile(optimizer):     # its index is at the end: gone when truncated
+                return f"{optimizer} is unreadable (truncated or corrupt: not a complete torch.save archive)"
+            torch.load(optimizer, map_location="cpu", mmap=True, weights_only=True)
+        except FileNotFoundError:
+            return f"{optimizer} is missing"
+        except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            return f"{optimizer} is unreadable (truncated or corrupt: {type(e).__name__}: {why})"
+    return None
+
+
+def find_resumable(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint of a run that passes checkpoint_problem: the `latest` pointer's, else the newest
+    one before it that does. Returns it (None if none does) and the (checkpoint, problem) of each skipped."""
+    first = latest_checkpoint(run_dir)
+    if first is None:
+        return None, []
+    older = [p for p in reversed(complete_checkpoints(run_dir)) if p.name < first.name]
+    skipped = []
+    for p in [first, *older]:
+        problem = checkpoint_problem(p)
+        if problem is None:
+            return p, skipped
+        skipped.append((p, problem))
+    return None, skipped
+
+
+def resume_target(path: Path, log: Callable[[str], None] = print) -> Path:
+    """What --resume continues from: `path` itself if it is a checkpoint folder (which must be usable), else the
+    newest usable checkpoint of the run folder `path`, skipping (with a warning each) newer ones that are not.
+    Raises CheckpointError naming the bad file when none is usable, FileNotFoundError when there is none."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file() or _STEP.match(path.name):
+        problem = checkpoint_problem(path)
+        if problem:
+            raise CheckpointError(f"--resume {path}: {problem}. Pass --resume PATH to another checkpoint (or to "
+                                  f"the run folder, for its newest usable one), or {START_OVER}")
+        return path
+    found, skipped = find_resumable(path)
+    for bad, problem in skipped:
+        log(f"warning: --resume: skipping {bad}: {problem}")
+    if found is None:
+        if skipped:
+            problems = "; ".join(problem for _, problem in skipped)
+            raise CheckpointError(f"--resume: {path} has no usable checkpoint: {problems}. {START_OVER[0].upper()}"
+                                  f"{START_OVER[1:]}, or {PICK_ANOTHER}")
+        raise FileNotFoundError(f"--resume: no complete checkpoint under {path}/checkpoints (expected "
+                                f"step_*/{STATE_FILE}); start without --resume, or pass --resume PATH")
+    if skipped:
+        log(f"warning: --resume: continuing from {found} (step {read_state(found)['step']}), the newest usable "
+            f"checkpoint; the skipped ones will be moved to {path}/checkpoints/superseded-*/, not deleted")
+    return found
 
 
 def read_state(path: Path) -> dict:
@@ -120,5 +303,12 @@ def supersede_after(run_dir: Path, step: int, resumed: Path) -> list[Path]:
 
 
 def load_checkpoint(accelerator, path: Path) -> dict:
-    accelerator.load_state(str(path))
+    """Load a checkpoint's states into the prepared objects; its trainer state. A file accelerate cannot read
+    (one checkpoint_problem does not check, e.g. random_states_0.pkl) is a CheckpointError naming it."""
+    try:
+        accelerator.load_state(str(path))
+    except (OSError, EOFError, RuntimeError, ValueError, KeyError, pickle.UnpicklingError, SafetensorError) as e:
+        why = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"could not load checkpoint {path}: {type(e).__name__}: {why}. Pass --resume PATH to "
+                              f"an earlier checkpoint, or {START_OVER}") from e
     return read_state(path)

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from utils.errors import UserError
+from utils.errors import UserError, write_error
 
 # Dense bf16 tensor-core peaks (datasheet), for the MFU estimate. Unknown devices report no MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
@@ -65,11 +65,15 @@ def peak_memory_gb(device: torch.device) -> float:
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a synced temporary file: a crash leaves the old file or the new, not a part."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)     # a full disk must not leave a partial .tmp beside the file
+        raise
 
 
 class JsonlWriter:
@@ -99,8 +103,15 @@ class JsonlWriter:
         return rows
 
     def write(self, row: dict) -> None:
-        self.f.write(json.dumps(row) + "\n")
-        self.f.flush()
+        try:
+            self.f.write(json.dumps(row) + "\n")
+            self.f.flush()
+        except OSError as e:
+            raise write_error(e, self.path, "free space or make it writable, then continue with the same command and "
+                                          "--resume") from None
 
     def close(self) -> None:
-        self.f.close()
+        try:
+            self.f.close()
+        except OSError:     # the rows a full disk refused were reported by write(); closing must not mask that
+            pass
