@@ -10,17 +10,24 @@ every target but the first seq_len − S sees at least seq_len − S tokens of c
 get `<|endoftext|>` prepended so that every token of the text is scored.
   word perplexity = exp(total NLL / whitespace-separated words of the raw text)   (WikiText convention)
   bits per byte   = total NLL / ln 2 / UTF-8 bytes of the raw text
+
+The result is printed, then written (default: <run>/eval/<checkpoint>_<split>_<seq_len>_<stride>.json, beside
+the run's checkpoints, not inside one: a resumed run rotates old checkpoint folders away). The output folder is
+checked for writing before the evaluation starts. A checkpoint that cannot be read, weights that are not finite
+and a loss that is not finite are errors (exit 1), with what to do.
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
+import errno
 import hashlib
 import json
 import math
 import re
 import sys
+import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -29,6 +36,7 @@ if __package__ in (None, ""):  # `python eval/perplexity.py` puts eval/ first on
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tqdm import tqdm
 
@@ -37,8 +45,67 @@ from data.config import DataConfig, DataSourceError
 from data.prepare import prepare_split
 from data.sources import parse_source
 from model import build_model
-from utils.checkpoint import STATE_FILE, WEIGHTS_FILE, resolve_checkpoint
+from utils.checkpoint import (STATE_FILE, WEIGHTS_FILE, CheckpointError, complete_checkpoints, read_state,
+                              resolve_checkpoint)
 from utils.cli import run_cli
+from utils.errors import UserError, write_error
+from utils.runinfo import write_atomic
+
+
+class NotFinite(UserError, ValueError):
+    """Weights or a loss that are NaN or infinite: a result from them would be meaningless."""
+
+
+def _run_of(path: Path) -> Path | None:
+    """The run folder of a checkpoint folder `<run>/checkpoints/step_*`, or None for a checkpoint kept elsewhere."""
+    return path.parent.parent if path.parent.name == "checkpoints" else None
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def _read(path: Path) -> tuple[Config, dict[str, torch.Tensor]]:
+    """The config and weights of checkpoint `path`; _Unreadable(file, why) for the first that does not read."""
+    for name in (STATE_FILE, WEIGHTS_FILE):
+        try:
+            if name == STATE_FILE:
+                cfg = config_from_dict(read_state(path)["config"])
+            else:
+                return cfg, load_file(str(path / WEIGHTS_FILE))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, ConfigError, SafetensorError) as e:
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            raise _Unreadable(path / name, f"{type(e).__name__}: {why}") from None
+    raise AssertionError("unreachable")
+
+
+def _read_checkpoint(path: Path) -> tuple[Config, dict[str, torch.Tensor]]:
+    """_read, or CheckpointError naming the bad file and the newest earlier checkpoint of the run that reads back
+    (not taken silently: its result would be another step's)."""
+    try:
+        return _read(path)
+    except _Unreadable as bad:
+        file, why = bad.args
+    run, earlier = _run_of(path), None
+    for p in reversed(complete_checkpoints(run) if run else []):
+        try:
+            if p.name < path.name and _read(p):
+                earlier = p
+                break
+        except _Unreadable:
+            continue
+    instead = (f"the newest earlier checkpoint that reads back is {earlier}: pass --ckpt {earlier}" if earlier
+               else "no earlier checkpoint of this run reads back either")
+    raise CheckpointError(f"cannot read {file} (truncated or corrupt: {why}); {instead}")
+
+
+def check_finite_weights(state: dict[str, torch.Tensor], path: Path) -> None:
+    """NotFinite naming the first tensor of `state` holding NaN or inf (a run that diverged before it was saved)."""
+    for name, t in state.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            bad = int((~torch.isfinite(t)).sum())
+            raise NotFinite(f"{path / WEIGHTS_FILE}: tensor {name!r} holds {bad} NaN or infinite values (the run "
+                            "diverged before this checkpoint); evaluate an earlier checkpoint with --ckpt")
 
 
 def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch.device = "cpu",
@@ -46,13 +113,14 @@ def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch
     """Model and config from a checkpoint folder, or a run folder's latest checkpoint; `backend` and `fuse`
     (the fused backend's components, "" for all) replace the ones it was trained with."""
     path = resolve_checkpoint(ckpt)
-    cfg = config_from_dict(json.loads((path / STATE_FILE).read_text())["config"])
+    cfg, state = _read_checkpoint(path)
+    check_finite_weights(state, path)
     if backend:
         cfg.model.backend = backend
     if fuse is not None:
         cfg.model.fuse = fuse
     model = build_model(cfg.model)
-    model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
+    model.load_state_dict(state, strict=True)
     return model.to(device).eval(), cfg, path
 
 
@@ -163,8 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--stride", type=int, default=0, help="window stride (default: seq_len, non-overlapping)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--backend", help="evaluate with another backend than the one trained with")
-    p.add_argument("--out", help="JSON output (default: <checkpoint>/eval_<split>_<seq_len>_<stride>.json, with "
-                   "_<source tag> before .json when --data.* overrides change the split's data)")
+    p.add_argument("--out", help="JSON output (default: <run>/eval/<checkpoint>_<split>_<seq_len>_<stride>.json, "
+                   "with _<source tag> before .json when --data.* overrides change the split's data)")
     args, rest = p.parse_known_args(argv)
     overrides = parse_overrides(rest, parser_flags(p))   # a typo fails before loading the checkpoint
     for k, _ in overrides:
@@ -179,15 +247,40 @@ def main(argv: list[str] | None = None) -> dict:
     stride = args.stride or seq_len
     check_window(model, cfg, seq_len, stride, args.batch_size)
     tag = data_tag(cfg.data, trained, args.split)
-    out = Path(args.out) if args.out else path / f"eval_{args.split}_{seq_len}_{stride}{'_' + tag if tag else ''}.json"
-    if not out.parent.is_dir():  # found out now rather than after the evaluation
-        raise FileNotFoundError(f"--out {out}: folder {out.parent} does not exist")
+    out = Path(args.out) if args.out else default_out(path, args.split, seq_len, stride, tag)
+    check_writable(out, made=not args.out)
     result = {"checkpoint": str(path), **evaluate_split(model, cfg, args.split, seq_len, stride, args.batch_size)}
-    out.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))           # first: a failed write below must not lose the result
+    if not math.isfinite(result["loss"]):
+        raise NotFinite(f"the loss on {args.split} is {result['loss']} although the weights are finite (an overflow "
+                        f"in {cfg.model.backend}'s kernels or in bf16); score with --backend naive to tell which; "
+                        f"{out} was not written")
+    try:
+        write_atomic(out, json.dumps(result, indent=1))
+    except OSError as e:
+        raise write_error(e, out, "the result is printed above; pass a writable --out") from None
     print(f"wrote {out}")
     return result
 
+
+def default_out(ckpt: Path, split: str, seq_len: int, stride: int, tag: str) -> Path:
+    """<run>/eval/<step folder>_<split>_<seq_len>_<stride>[_<tag>].json (a checkpoint outside a run: beside it)."""
+    return (_run_of(ckpt) or ckpt.parent) / "eval" / f"{ckpt.name}_{split}_{seq_len}_{stride}{'_' + tag if tag else ''}.json"
+
+
+def check_writable(out: Path, made: bool) -> None:
+    """Fail now, not after the evaluation, if `out` cannot be written: its folder is created when `made` (the
+    default location) and must exist otherwise; a file is created in it and removed."""
+    if not made and not out.parent.is_dir():
+        raise FileNotFoundError(f"--out {out}: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise write_error(IsADirectoryError(errno.EISDIR, "is a folder", str(out)), out,
+                          f"pass a file name, e.g. --out {out / 'eval.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out.parent).close()
+    except OSError as e:
+        raise write_error(e, out, "pass a writable --out") from None
 
 if __name__ == "__main__":
     run_cli(main)

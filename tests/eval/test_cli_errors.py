@@ -112,14 +112,14 @@ def test_perplexity_window_longer_than_learned_positions():
 def test_perplexity_default_name_tags_other_data(run_dir, tmp_path):
     """The checkpoint's own data keeps the old name; other data (here another Markov chain) gets a tag."""
     cache = f"--data.cache_dir={tmp_path / 'cache'}"
-    std = run_dir / "checkpoints" / "step_00000002" / "eval_valid_32_32.json"
+    std = run_dir / "eval" / "step_00000002_valid_32_32.json"
     perplexity.main(["--ckpt", str(run_dir), "--split", "valid", cache])
     first = json.loads(std.read_text())
     perplexity.main(["--ckpt", str(run_dir), "--split", "valid", cache, "--data.synthetic.seed=5"])
     perplexity.main(["--ckpt", str(run_dir), "--split", "valid", cache, "--data.synthetic.train_tokens=30000"])
     assert json.loads(std.read_text()) == first                   # the standard result stays as it was
-    tagged = sorted(std.parent.glob("eval_valid_32_32_*.json"))
-    assert [p.name.rsplit("-", 1)[0] for p in tagged] == ["eval_valid_32_32_synthetic"], tagged
+    tagged = sorted(std.parent.glob("step_00000002_valid_32_32_*.json"))
+    assert [p.name.rsplit("-", 1)[0] for p in tagged] == ["step_00000002_valid_32_32_synthetic"], tagged
     assert json.loads(tagged[0].read_text())["loss"] != first["loss"]
 
 
