@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from config import Config, ConfigError, load_config, parser_flags, save_config, to_dict
 from data.prepare import check_sources, prepare_split
-from data.sampler import BatchSampler, eval_batches, eval_windows, max_eval_batches, windows_to_batch
+from data.sampler import BatchSampler, bos_token, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
 from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoint, read_state, resume_target,
                               save_checkpoint, supersede_after)
@@ -172,9 +172,10 @@ def evaluate(model, store, cfg: Config, accelerator) -> float:
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     T, mb, n, world = cfg.data.seq_len, cfg.train.micro_batch_size, cfg.train.eval_batches, accelerator.num_processes
-    mine = list(eval_batches(store, T, mb, n, world, accelerator.process_index))
+    bos = bos_token(store, cfg.data.bos)
+    mine = list(eval_batches(store, T, mb, n, world, accelerator.process_index, bos))
     pad = max_eval_batches(store, T, mb, n, world) - len(mine)
-    for i, (x, y) in enumerate(mine + [windows_to_batch(store, [0], T)] * pad):
+    for i, (x, y) in enumerate(mine + [windows_to_batch(store, [0], T, bos)] * pad):
         _, loss = model(x.to(accelerator.device), y.to(accelerator.device), return_logits=False)
         if i < len(mine):
             total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
@@ -269,7 +270,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     plans = model.kernel_plans(tc.micro_batch_size, cfg.data.seq_len, compute_dtype, device)
     model, optimizer = accelerator.prepare(model, optimizer)
     sampler = BatchSampler(train_store, cfg.data.seq_len, tc.micro_batch_size, tc.grad_accum,
-                           accelerator.num_processes, accelerator.process_index, tc.seed)
+                           accelerator.num_processes, accelerator.process_index, tc.seed,
+                           bos_token(train_store, cfg.data.bos))
     tokens_per_step = sampler.global_batch * cfg.data.seq_len
 
     step, last_ckpt = 0, None

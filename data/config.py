@@ -27,6 +27,7 @@ class DataConfig:
     cache_dir: str = "data_cache"      # token shards live here, one folder per source and split
     tokenizer_file: str = ""           # GPT-2 BPE ranks for offline use (else $CHUNKFUSE_GPT2_BPE, else download)
     seq_len: int = 1024
+    bos: bool = False                  # start every window with <|endoftext|> (no state starts mid-document)
     num_proc: int = 0                  # tokenizer processes; 0 → one per core
     verify: bool = True                # sha256-check shards when opening them
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)

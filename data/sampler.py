@@ -6,6 +6,10 @@ step `s` consumes global rows [s·G, (s+1)·G) of that endless sequence, G = mic
 world; rank r's micro-step m takes rows (m·world + r)·micro_batch + [0, micro_batch). Validation
 takes the first eval_batches·micro_batch windows, split across ranks.
 
+With a `bos` token (data.bos) every window starts with it: the input is bos followed by the window's first
+seq_len − 1 tokens and the targets are its seq_len tokens, so no position starts from an empty recurrent state
+in the middle of a document, and the window's first token is predicted as a document start.
+
 Consequences: the same rows in the same order for every backend (parity), resuming at step s needs
 no sampler state, and a global batch is the same set of rows whatever the world size.
 """
@@ -19,8 +23,8 @@ from data.shards import ShardError, TokenStore
 
 class BatchSampler:
     def __init__(self, store: TokenStore, seq_len: int, micro_batch: int, grad_accum: int = 1,
-                 world_size: int = 1, rank: int = 0, seed: int = 0):
-        self.store, self.T = store, seq_len
+                 world_size: int = 1, rank: int = 0, seed: int = 0, bos: int | None = None):
+        self.store, self.T, self.bos = store, seq_len, bos
         self.n_windows = (len(store) - 1) // seq_len
         if self.n_windows < 1:
             raise ShardError(f"{store.folder}: {len(store)} tokens is too few for seq_len {seq_len}")
@@ -49,16 +53,32 @@ class BatchSampler:
 
     def batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each int64 [micro_batch, seq_len]."""
-        return windows_to_batch(self.store, self.windows(step, micro), self.T)
+        return windows_to_batch(self.store, self.windows(step, micro), self.T, self.bos)
 
     def epoch_of(self, step: int) -> float:
         return step * self.global_batch / self.n_windows
 
 
-def windows_to_batch(store: TokenStore, windows: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+def windows_to_batch(store: TokenStore, windows: list[int], T: int,
+                     bos: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets), int64 [len(windows), T]: window w is stream tokens [w·T, w·T + T]; with `bos`, the
+    inputs are bos then tokens [w·T, w·T + T − 1) and the targets tokens [w·T, w·T + T)."""
     buf = np.stack([store.get(w * T, T + 1) for w in windows])
     t = torch.from_numpy(buf)
+    if bos is not None:
+        return torch.cat([torch.full_like(t[:, :1], bos), t[:, :T - 1]], 1), t[:, :T].contiguous()
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def bos_token(store: TokenStore, enabled: bool) -> int | None:
+    """The token that starts every window when data.bos is on: the tokenizer's <|endoftext|>."""
+    if not enabled:
+        return None
+    eot = store.meta.get("eot")
+    if eot is None:
+        raise ShardError(f"data.bos needs an end-of-text token, and {store.folder} has none (synthetic data); "
+                         "pass --data.bos=false")
+    return int(eot)
 
 
 def eval_windows(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int) -> int:
@@ -67,12 +87,12 @@ def eval_windows(store: TokenStore, seq_len: int, micro_batch: int, n_batches: i
 
 
 def eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int,
-                 world_size: int = 1, rank: int = 0):
+                 world_size: int = 1, rank: int = 0, bos: int | None = None):
     """The first n_batches·micro_batch windows in stream order, this rank's share, batched: the same
     windows whatever the world size, so validation losses compare across GPU counts."""
     mine = list(range(rank, eval_windows(store, seq_len, micro_batch, n_batches), world_size))
     for i in range(0, len(mine), micro_batch):
-        yield windows_to_batch(store, mine[i:i + micro_batch], seq_len)
+        yield windows_to_batch(store, mine[i:i + micro_batch], seq_len, bos)
 
 
 def max_eval_batches(store: TokenStore, seq_len: int, micro_batch: int, n_batches: int, world_size: int = 1) -> int:

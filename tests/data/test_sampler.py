@@ -6,7 +6,8 @@ import pytest
 
 from data.config import DataConfig, SyntheticConfig
 from data.prepare import prepare_split
-from data.sampler import BatchSampler, eval_batches, max_eval_batches
+from data.sampler import BatchSampler, bos_token, eval_batches, max_eval_batches
+from data.shards import ShardError
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,29 @@ def test_targets_are_shifted_inputs(store):
     w = BatchSampler(store, 16, 4).windows(2, 0)[0]
     assert (x[0, 1:] == y[0, :-1]).all()
     assert (x[0].numpy() == store.get(w * 16, 16)).all()
+
+
+def test_bos_starts_every_window_and_every_token_is_a_target(store):
+    plain, bos = BatchSampler(store, 16, 4, seed=3), BatchSampler(store, 16, 4, seed=3, bos=49)
+    for step in (0, 7):
+        (x, y), (xb, yb) = plain.batch(step), bos.batch(step)
+        w = bos.windows(step, 0)
+        assert w == plain.windows(step, 0)                                  # the same windows, in the same order
+        assert (xb[:, 0] == 49).all() and (xb[:, 1:] == yb[:, :-1]).all()
+        assert (yb[0].numpy() == store.get(w[0] * 16, 16)).all() and (yb == x).all()   # targets: the window's tokens
+    xe, ye = next(eval_batches(store, 16, 4, 1, bos=49))
+    assert (xe[:, 0] == 49).all() and (ye == next(eval_batches(store, 16, 4, 1))[0]).all()
+
+
+def test_bos_needs_an_end_of_text_token(store):
+    assert bos_token(store, False) is None
+    with pytest.raises(ShardError, match="data.bos needs an end-of-text token.*--data.bos=false"):
+        bos_token(store, True)
+    store.meta["eot"] = 7
+    try:
+        assert bos_token(store, True) == 7
+    finally:
+        del store.meta["eot"]
 
 
 def test_ranks_partition_the_global_batch(store):
