@@ -1,106 +1,238 @@
-"""scripts/parity.py end to end on a tiny GLA: naive and chunk trained from the same weights on the
-same data in fp32 stay equal (the chunk kernels are exact in fp32), the noise-floor run splits the
-micro-batch, and the report is written."""
+"""scripts/parity.py: its statistics (eval/parity_stats.py) on hand-checkable numbers, its runs (eval/parity_runs.py:
+specs, commands, GPU placement) as pure functions, and end to end on a tiny GLA with the synthetic source.
+
+End to end, one run over two seeds with a floor, launched in parallel and scored teacher-forced, gives every verdict:
+naive re-specified with a logging setting (Δ exactly 0) is `equivalent`, naive initialised at 50 times the scale is
+`different`, and naive with a thousand times the norm eps (Δ of one sign, spread far above the floor's) is
+`undecided`. Its train.py runs go through this process (one start-up of torch instead of ten); a second, one-seed
+run goes through the real command line and train.py processes."""
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import subprocess
+import sys
+import threading
 
+import numpy as np
 import pytest
 
-from scripts.parity import main
+from eval import parity_report as report
+from eval import parity_runs as runs
+from eval import parity_stats as stats
+from scripts.parity import REPO, cli, main
 
-TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32", "--model.n_heads=2",
-        "--model.head_k_dim=8", "--model.head_v_dim=16", "--model.mlp_hidden=64", "--data.seq_len=64",
-        "--train.micro_batch_size=2", "--train.eval_batches=1", "--train.log_interval=1",
-        "--data.synthetic.train_tokens=20000", "--data.synthetic.eval_tokens=600"]
-
-
-# the parallel case also checks a fused backend restricted to some components (`fused[state]` → --fuse state) and
-# a second floor split (micro-batch 4: `naive~` at 2 × 2, `naive~4` at 1 × 4)
-@pytest.mark.parametrize("parallel, other, run", [(False, "chunk", "smoke_chunk"), (True, "fused[state]", "smoke_fused-state")],
-                         ids=["sequential", "parallel"])
-def test_parity_naive_vs_chunk(tmp_path, parallel, other, run):
-    floor_args = ["--floor", "2,4", "--parallel", "--train.micro_batch_size=4"] if parallel else ["--floor"]
-    result = main(["--config", "configs/smoke.yaml", "--backends", f"naive,{other}", "--steps", "3", "--eval-interval", "3",
-                   "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY, *floor_args])
-    naive, chunk = result["backends"]["naive"], result["backends"][other]
-    assert naive["pass"] and naive["final_delta_val"] == 0
-    assert chunk["pass"] and abs(chunk["final_delta_val"]) < 1e-4, chunk["delta_val"]
-    assert abs(chunk["test"]["loss"] - naive["test"]["loss"]) < 1e-4
-    floors = {"naive~": ("smoke_naive_floor", 2)} | ({"naive~4": ("smoke_naive_floor4", 4)} if parallel else {})
-    micro = 4 if parallel else 2
-    assert [b for b in result["backends"] if "~" in b] == list(floors)
-    for name, (folder, split) in floors.items():
-        floor = result["backends"][name]
-        assert abs(floor["final_delta_val"]) < 1e-4, floor["delta_val"]
-        cfg = (tmp_path / folder / "config.yaml").read_text()
-        assert f"micro_batch_size: {micro // split}" in cfg and f"grad_accum: {split}" in cfg, cfg
-        assert f"eval_batches: {split}" in cfg
-        assert f"`{name}` ends" in (tmp_path / "parity.md").read_text()
-    assert json.loads((tmp_path / "parity.json").read_text())["backends"][other]["pass"]
-    if parallel:
-        assert "step" in (tmp_path / f"{run}.log").read_text()
-        assert "gla=fused[state]" in (tmp_path / f"{run}.log").read_text()   # the run used only that component
-    assert (tmp_path / "parity.png").stat().st_size > 0 and other in (tmp_path / "parity.md").read_text()
+TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32", "--model.n_layers=1",
+        "--model.n_heads=2", "--model.head_k_dim=16", "--model.head_v_dim=16", "--model.mlp_hidden=64",
+        "--data.seq_len=32", "--train.micro_batch_size=4", "--train.eval_batches=2", "--train.log_interval=20",
+        "--optim.warmup_steps=4", "--data.synthetic.train_tokens=20000", "--data.synthetic.eval_tokens=600"]
+T95 = {1: 6.313751514675, 2: 2.919985580354, 3: 2.353363434802, 4: 2.131846786327, 7: 1.894578605, 8: 1.859548038}
 
 
-def test_teacher_forced_scores_every_backend_on_the_reference_weights(tmp_path, monkeypatch):
-    """--teacher: the reference keeps a checkpoint per evaluation; every backend is scored on each. In fp32
-    chunk's Δ there is rounding only, and the reference's own is exactly 0."""
-    result = main(["--config", "configs/smoke.yaml", "--backends", "naive,chunk", "--steps", "4", "--eval-interval", "2",
-                   "--teacher", "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
-    teacher = result["teacher"]
-    assert list(teacher["naive"]["delta"]) == [2, 4] and set(teacher["naive"]["delta"].values()) == {0.0}
-    assert teacher["chunk"]["pass"] and all(abs(d) < 1e-5 for d in teacher["chunk"]["delta"].values())
-    # the losses differ between checkpoints: each step's weights were loaded, not the last ones twice
-    assert teacher["chunk"]["loss"][2] != teacher["chunk"]["loss"][4]
-    assert "Teacher-forced" in (tmp_path / "parity.md").read_text()
+# --- the statistics ---
 
-    # the check can fail: a backend whose model is not the reference's (noise on its weights) does
-    import torch
-
-    import eval.perplexity as perplexity
-    from scripts.parity import teacher_forced
-
-    real = perplexity.load_model
-
-    def nudged(ckpt, backend=None, device="cpu", fuse=None):
-        model, cfg, path = real(ckpt, backend, device, fuse)
-        if backend == "chunk":
-            torch.manual_seed(0)
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(0.05 * torch.randn_like(p))
-        return model, cfg, path
-
-    monkeypatch.setattr(perplexity, "load_model", nudged)
-    wrong = teacher_forced(tmp_path / "smoke_naive", ["naive", "chunk"], [f"--data.cache_dir={tmp_path / 'cache'}"],
-                           1e-4)
-    assert wrong["naive"]["pass"] and not wrong["chunk"]["pass"]
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 8, math.inf])
+def test_t_quantile_matches_the_tables(df):
+    t95 = T95.get(df, 1.644853626951)
+    assert stats.t_quantile(0.95, df) == pytest.approx(t95, rel=1e-9)
+    assert stats.t_quantile(0.05, df) == pytest.approx(-t95, rel=1e-9)
+    # closed forms at 1 and 2 degrees of freedom, elsewhere in the distribution
+    assert stats.t_quantile(0.8, 1) == pytest.approx(math.tan(math.pi * 0.3), rel=1e-10)
+    assert stats.t_quantile(0.8, 2) == pytest.approx(0.6 / math.sqrt(2 * 0.8 * 0.2), rel=1e-10)
 
 
-def test_floor_split_must_divide_the_micro_batch():
-    import argparse
+def test_the_interval_by_hand():
+    # mean 0.001, deviations ±0.003 and 0: sd √(18e-6 / 2) = 0.003; half-width t_{.95,2} · 0.003 / √3
+    s = stats.paired_interval([0.004, -0.002, 0.001])
+    assert (s["n"], s["mean"], s["sd"]) == (3, pytest.approx(0.001), pytest.approx(0.003))
+    assert (s["lo"], s["hi"]) == pytest.approx((0.001 - 0.0050575, 0.001 + 0.0050575), abs=1e-7)
+    # two seeds: sd √2 · 0.001, se 0.001, half-width t_{.95,1} · 0.001
+    s = stats.paired_interval([0.001, 0.003])
+    assert (s["lo"], s["hi"]) == pytest.approx((0.002 - 0.0063138, 0.002 + 0.0063138), abs=1e-7)
+    one = stats.paired_interval([0.0])
+    assert math.isnan(one["sd"]) and (one["lo"], one["hi"]) == (-math.inf, math.inf)
+    with pytest.raises(ValueError, match="finite"):
+        stats.paired_interval([0.1, math.nan])
 
-    from scripts.parity import floor_overrides, floor_splits
 
-    assert floor_splits("2,4") == [2, 4]
-    for bad in ("", "2,", "x", "1", "2,2"):
-        with pytest.raises(argparse.ArgumentTypeError, match="distinct whole numbers"):
-            floor_splits(bad)
+def test_tost_is_the_interval_inside_the_margin():
+    # df 1: P(T ≥ t) = ½ − atan(t)/π; the upper test's t = (0.01 − 0.002)/0.001 = 8 dominates
+    assert stats.tost_pvalue([0.001, 0.003], 0.01) == pytest.approx(0.5 - math.atan(8) / math.pi, rel=1e-9)
+    hi = stats.paired_interval([0.001, 0.003])["hi"]
+    # the margin exactly at the interval's end: p = 0.05 and not inside (both strict); a hair either side decides
+    assert stats.tost_pvalue([0.001, 0.003], hi) == pytest.approx(0.05, rel=1e-8)
+    assert not stats.verdict([0.001, 0.003], hi)["inside"]
+    assert stats.verdict([0.001, 0.003], hi * (1 + 1e-9))["verdict"] == "equivalent"
+    assert stats.verdict([0.001, 0.003], hi * (1 - 1e-9))["verdict"] == "undecided"
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        d = rng.normal(rng.uniform(-0.01, 0.01), rng.uniform(1e-4, 1e-2), rng.integers(2, 6))
+        assert stats.verdict(d, 0.01)["inside"] == (stats.tost_pvalue(d, 0.01) < 0.05)
+    assert stats.tost_pvalue([0.0], 0.01) == 1.0 and stats.tost_pvalue([0.002, 0.002], 0.01) == 0.0
 
-    assert floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], 4)[:2] == [
-        "--train.micro_batch_size=1", "--train.grad_accum=4"]
+
+def test_verdicts():
+    floor = [0.003, -0.004, 0.001]                    # sd 0.0036, interval ±0.006 around 0
+    eq = stats.verdict([0.001, -0.002, 0.0005], 0.01, floor)
+    assert eq["verdict"] == "equivalent" and eq["spread_ok"] and eq["tost_p"] < 0.05
+
+    diff = stats.verdict([0.30, 0.35], 0.01, [1e-6, -1e-6])
+    assert diff["verdict"] == "different" and diff["excludes_zero"] and diff["outside_floor"]
+    # excludes zero but overlaps the floor's interval: not different
+    near = stats.verdict([0.02, 0.021, 0.019], 0.01, [0.0, 0.04, 0.01])
+    assert near["excludes_zero"] and not near["outside_floor"] and near["verdict"] == "undecided"
+    # inside the margin but wider than the floor: not equivalent, and it holds 0, so not different; at this spread
+    # only a difference could be shown, with many seeds (the mean is 1e-4 off the floor's)
+    wide = stats.verdict([0.0012, -0.0010, 0.0001], 0.01, [1e-5, -1e-5, 0.0])
+    assert wide["inside"] and wide["spread_ok"] is False and wide["verdict"] == "undecided"
+    assert wide["seeds_to_decide"][1] == "different" and wide["seeds_to_decide"][0] > 100
+    assert "exceeds the floor's" in wide["reason"]
+    # one seed: an infinite interval decides nothing, and no spread says how many would
+    one = stats.verdict([0.0], 0.01, floor=[0.001])
+    assert one["verdict"] == "undecided" and one["seeds_to_decide"] is None and "one seed" in one["reason"]
+    # without a floor the interval alone decides, and the result says the spread was not checked
+    alone = stats.verdict([0.001, -0.002, 0.0005], 0.01)
+    assert alone["verdict"] == "equivalent" and alone["spread_ok"] is None and "not checked" in alone["reason"]
+    assert stats.verdict([0.30, 0.35], 0.01)["verdict"] == "different"
+
+
+def test_seeds_to_decide():
+    # margin 0.006 at sd 0.0056: t·sd/√n is 2.3534·0.0056/2 = 0.00659 at n = 4, 2.1318·0.0056/√5 = 0.00534 at 5
+    assert stats.seeds_to_decide(0.004, 0.0056, 0.01) == (5, "equivalent")
+    assert T95[3] * 0.0056 / 2 >= 0.006 > T95[4] * 0.0056 / math.sqrt(5)
+    # |mean| 0.02 > tol: t/√n < 0.02/0.03 first at n = 9 (1.8946/√8 = 0.670, 1.8595/3 = 0.620)
+    assert stats.seeds_to_decide(0.02, 0.03, 0.01) == (9, "different")
+    assert T95[7] / math.sqrt(8) >= 2 / 3 > T95[8] / 3
+    # with a floor at 0 ± 0.003 the intervals must also part: t·0.006/√n < 0.02, 0.0268 at n = 2, 0.0101 at 3
+    assert stats.seeds_to_decide(0.02, 0.003, 0.01, 0.0, 0.003) == (3, "different")
+    # a spread above the floor's rules out equivalence, a mean on the floor's rules out a difference
+    assert stats.seeds_to_decide(0.0, 0.001, 0.01, 0.0, 0.0005) is None
+    assert stats.seeds_to_decide(0.005, 1e-4, 0.01) == (2, "equivalent")      # both at n = 2: equivalence first
+    assert stats.seeds_to_decide(0.0, 0.0, 0.01) == (2, "equivalent")
+    assert stats.seeds_to_decide(0.0, math.nan, 0.01) is None
+    v = stats.verdict([0.005, 0.009, -0.002], 0.01)       # mean 0.004, sd 0.00557: as above
+    assert v["verdict"] == "undecided" and v["seeds_to_decide"] == (5, "equivalent")
+    assert "5 seeds would decide (equivalent)" in v["reason"]
+
+
+def test_window_standard_error_and_the_windows_that_bring_it_under():
+    # differences 0.01, 0.03, 0.02, 0.04 over four windows: sd 0.0129, SE 0.00645; 0.002 needs ⌈4·(SE/0.002)²⌉ = 42
+    ref = np.array([3.0, 2.0, 2.5, 1.0])
+    se = stats.paired_window_se(ref, ref + [0.01, 0.03, 0.02, 0.04])
+    assert se == pytest.approx(math.sqrt(5e-4 / 3) / 2)
+    assert stats.windows_for_se(se, 4) == 42
+    assert stats.windows_for_se(0.004, 100) == 401            # exactly 0.002 at 400 windows: one more
+    assert stats.paired_window_se(ref, ref) == 0.0
+
+
+def test_final_slope_is_the_least_squares_slope_of_the_last_three():
+    assert stats.final_slope([5, 10, 15, 20], [9.0, 3.0, 2.5, 2.0]) == pytest.approx(-0.1)
+    assert stats.final_slope([10, 20, 30], [3.0, 2.0, 2.5]) == pytest.approx(-0.025)
+    assert math.isnan(stats.final_slope([20], [2.0]))
+
+
+def test_exit_status():
+    c = {"a": {"verdict": "equivalent"}, "f~": {"verdict": "different"}}
+    assert report.exit_status(c, "f~") == 0                                   # the floor's row is no verdict
+    assert report.exit_status({**c, "b": {"verdict": "undecided"}}, "f~") == 2
+    assert report.exit_status({**c, "b": {"verdict": "undecided"}, "d": {"verdict": "different"}}, None) == 1
+
+
+# --- the runs ---
+
+def test_run_specs_and_floor_overrides():
+    from config import ConfigError
+    from ops import BackendError
+
+    specs = runs.split_specs("naive,fused[chunk,state]@optim.lr=3e-4@model.norm_eps=1e-2,chunk")
+    assert [s.text for s in specs] == ["naive", "fused[chunk,state]@optim.lr=3e-4@model.norm_eps=1e-2", "chunk"]
+    assert specs[1].backend == "fused[chunk,state]" and specs[1].overrides == ("--optim.lr=3e-4", "--model.norm_eps=1e-2")
+    assert runs.slug(specs[1].text) == "fused-chunk-state-optim-lr-3e-4-model-norm_eps-1e-2"
+    for bad in ("naive@", "naive@lr", "naive@=3"):
+        with pytest.raises(ConfigError, match="is not key=value"):
+            runs.parse_spec(bad)
+    with pytest.raises(ConfigError, match="parity sets train.seed"):
+        runs.parse_spec("naive@train.seed=3")
+    with pytest.raises(BackendError, match="only 'fused' takes components"):
+        runs.parse_spec("chunk[state]@optim.lr=1")
+    with pytest.raises(ConfigError, match="two or more distinct"):
+        runs.split_specs("naive,naive")
+    assert runs.floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], 4) == [
+        "--train.micro_batch_size=1", "--train.grad_accum=4", "--train.eval_batches=64"]
     for split in (1, 3):
-        with pytest.raises(SystemExit, match="must be 2 or more and divide it"):
-            floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], split)
+        with pytest.raises(ConfigError, match="must be 2 or more and divide it"):
+            runs.floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], split)
+
+
+def test_the_train_commands(tmp_path):
+    """Every spec at every seed with the seed and its own overrides last; the floor re-sums its spec; with --teacher
+    the reference keeps a checkpoint per evaluation; a run folder already there stops the plan."""
+    specs = runs.split_specs("naive,fused[state]@optim.lr=3e-4,chunk")
+    plan = runs.plan_runs("configs/smoke.yaml", ["--data.seq_len=32"], specs, "fused[state]@optim.lr=3e-4", [7, 8],
+                          10, 5, True, tmp_path)
+    floor = "fused[state]@optim.lr=3e-4~"
+    assert plan.floor == floor and plan.pairs == {specs[1].text: "naive", "chunk": "naive", floor: specs[1].text}
+    assert list(plan.jobs) == [f"smoke_{n}_s{s}" for s in (7, 8) for n in
+                               ("naive", "fused-state-optim-lr-3e-4", "chunk", "fused-state-optim-lr-3e-4_floor")]
+    fused = plan.jobs["smoke_fused-state-optim-lr-3e-4_s8"]
+    assert fused[1] == str(REPO / "train.py") and fused[-6:] == ["--train.seed=8", "--backend", "fused", "--fuse",
+                                                                 "state", "--optim.lr=3e-4"]
+    assert {"--train.max_steps=10", "--train.eval_interval=5", f"--train.out_dir={tmp_path}"} <= set(fused)
+    assert plan.jobs["smoke_fused-state-optim-lr-3e-4_floor_s7"][-4:] == [
+        "--optim.lr=3e-4", "--train.micro_batch_size=4", "--train.grad_accum=2", "--train.eval_batches=32"]
+    assert plan.jobs["smoke_naive_s7"][-2:] == ["--train.ckpt_interval=5", "--train.keep_ckpts=3"]
+    assert "--train.keep_ckpts=3" not in plan.jobs["smoke_chunk_s7"] and plan.data["chunk"] == ["--data.seq_len=32"]
+    assert plan.runs["naive"][8] == tmp_path / "smoke_naive_s8"
+    (tmp_path / "smoke_chunk_s8").mkdir()
+    with pytest.raises(FileExistsError, match="smoke_chunk_s8 already exist"):
+        runs.plan_runs("configs/smoke.yaml", [], specs, None, [7, 8], 10, 5, False, tmp_path)
+
+
+def test_runs_go_round_robin_over_the_gpus(tmp_path, monkeypatch):
+    assert runs.pick_device([], {}) is None and runs.pick_device(["0"], {"0": 3}) is None    # one device: shared
+    busy = {}
+    started = []
+    for _ in range(5):
+        d = runs.pick_device(["0", "1", "2"], busy)
+        busy[d] = busy.get(d, 0) + 1
+        started.append(d)
+    assert started == ["0", "1", "2", "0", "1"]
+    busy["2"] -= 1
+    busy["0"] -= 1
+    assert runs.pick_device(["0", "1", "2"], busy) == "2"      # the least busy, the first listed on a tie
+
+    # train_all: all at once, each run's CUDA_VISIBLE_DEVICES; two at a time, never two on one device
+    for limit, jobs in ((0, 4), (2, 6)):
+        lock, running, seen = threading.Lock(), {}, []
+        gate = threading.Barrier(limit or jobs)     # the runs of a round all start before any ends
+
+        def fake_run(cmd, env=None, stdout=None, stderr=None):
+            d = env["CUDA_VISIBLE_DEVICES"]
+            with lock:
+                running[d] = running.get(d, 0) + 1
+                seen.append((d, running[d]))
+            gate.wait(timeout=10)
+            with lock:
+                running[d] -= 1
+            return subprocess.CompletedProcess(cmd, 0)
+
+        monkeypatch.setattr(runs.subprocess, "run", fake_run)
+        runs.train_all({f"r{i}": ["x"] for i in range(jobs)}, tmp_path, limit, ["3", "5"])
+        assert sorted(d for d, _ in seen) == sorted(["3", "5"] * (jobs // 2))
+        assert max(n for _, n in seen) == (1 if limit else jobs // 2)
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert runs.visible_devices() == ["4", "6"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert runs.visible_devices() == ["0", "1"]
 
 
 def test_settings_and_backends_are_checked_before_any_training(tmp_path, monkeypatch):
-    """A typo in an option or an override, or a backend this machine cannot run, fails at once with the remedy,
-    not after the reference backend has trained."""
-    import subprocess
-
+    """A typo in an option, an override or a run spec, or a backend this machine cannot run, fails at once with the
+    remedy (a UserError: one `error:` line on the command line), not after the reference backend has trained."""
     from config import ConfigError
     from ops import BackendError
 
@@ -112,10 +244,119 @@ def test_settings_and_backends_are_checked_before_any_training(tmp_path, monkeyp
     base = ["--config", "configs/smoke.yaml", "--out", str(tmp_path / "p")]
     with pytest.raises(ConfigError, match="unknown option '--tolerence': did you mean --tolerance"):
         main(base + ["--tolerence", "0.1"])
+    with pytest.raises(ConfigError, match="unknown option '--floor': did you mean --floor-backend"):
+        main(base + ["--floor", "--teacher"])
     with pytest.raises(ConfigError, match="'train.max_stepz'.*did you mean 'max_steps'"):
         main(base + ["--train.max_stepz=3"])
+    with pytest.raises(ConfigError, match="'model.nrom_eps'.*did you mean 'norm_eps'"):
+        main(base + ["--backends", "naive,naive@model.nrom_eps=1"])
+    with pytest.raises(ConfigError, match="parity sets train.max_steps for every run: pass --steps instead"):
+        main(base + ["--train.max_steps", "30"])
+    with pytest.raises(ConfigError, match="--seeds, --steps and --eval-interval must be 1 or more"):
+        main(base + ["--seeds", "0"])
+    with pytest.raises(ConfigError, match="--floor-backend 'fla' is not one of --backends"):
+        main(base + ["--floor-backend", "fla"])
+    with pytest.raises(ConfigError, match="the floor splits the micro-batch"):
+        main(base + ["--train.micro_batch_size=3"])
     with pytest.raises(BackendError, match="unknown backend 'nope' for op 'gla'"):
         main(base + ["--backends", "naive,nope"])
     with pytest.raises(BackendError, match=r"unknown fused component\(s\) warp"):
         main(base + ["--backends", "naive,fused[warp]"])
     assert not (tmp_path / "p").exists()
+
+
+def test_a_bad_spec_is_one_error_line(tmp_path, monkeypatch):
+    from utils.cli import run_cli
+
+    monkeypatch.setattr(sys, "argv", ["scripts/parity.py", "--config", "configs/smoke.yaml", "--backends",
+                                      "naive,naive@lr", "--out", str(tmp_path / "p")])
+    with pytest.raises(SystemExit) as e:
+        run_cli(cli)
+    assert e.value.code == "error: run spec 'naive@lr': 'lr' is not key=value (e.g. naive@model.norm_eps=1e-2)"
+
+
+# --- end to end ---
+
+@pytest.fixture
+def trains_in_process(monkeypatch):
+    """train.py's runs in this process, one at a time, with the same arguments (their output into the run's log): a
+    torch start-up per run is most of a tiny run's time."""
+    import train
+
+    lock, real = threading.Lock(), subprocess.run
+
+    def run(cmd, env=None, stdout=None, stderr=None, **kwargs):
+        if cmd[:2] != [sys.executable, str(REPO / "train.py")]:
+            return real(cmd, env=env, stdout=stdout, stderr=stderr, **kwargs)
+        with lock, contextlib.redirect_stdout(stdout or sys.stdout), contextlib.redirect_stderr(stdout or sys.stderr):
+            train.main(cmd[2:])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(runs.subprocess, "run", run)
+
+
+def test_every_verdict_in_one_run(tmp_path, trains_in_process):
+    same, wild, eps = "naive@train.log_interval=5", "naive@model.init_std=1.0", "naive@model.norm_eps=1e-3"
+    result = main(["--config", "configs/smoke.yaml", "--backends", f"naive,{same},{wild},{eps}", "--seeds", "2",
+                   "--steps", "8", "--eval-interval", "4", "--parallel", "3", "--teacher", "--out", str(tmp_path),
+                   f"--data.cache_dir={tmp_path / 'cache'}", *TINY])
+    assert result["seeds"] == [1337, 1338] and result["floor"] == "naive~" and result["exit_status"] == 1
+    c = result["compared"]
+    floor = c["naive~"]
+    assert floor["against"] == "naive" and all(0 < abs(d) < 1e-4 for d in floor["deltas"]), floor
+    assert c[same]["deltas"] == [0.0, 0.0] and c[same]["verdict"] == "equivalent" and c[same]["spread_ok"]
+    assert c[wild]["verdict"] == "different" and c[wild]["lo"] > 1, c[wild]
+    assert c[eps]["verdict"] == "undecided" and c[eps]["lo"] < 0 < c[eps]["hi"] and not c[eps]["spread_ok"], c[eps]
+    assert c[eps]["seeds_to_decide"][0] > 2 and "seeds would decide" in c[eps]["reason"]
+
+    # every run at every seed in its own folder; the floor splits the micro-batch; the seeds differ
+    for folder in ("smoke_naive_s1337", "smoke_naive-train-log_interval-5_s1338", "smoke_naive-model-init_std-1-0_s1337",
+                   "smoke_naive_floor_s1338"):
+        assert (tmp_path / folder / "eval_test.json").is_file() and (tmp_path / f"{folder}.log").is_file()
+    cfg = (tmp_path / "smoke_naive_floor_s1338" / "config.yaml").read_text()
+    assert "micro_batch_size: 2" in cfg and "grad_accum: 2" in cfg and "eval_batches: 4" in cfg and "seed: 1338" in cfg
+    r = result["runs"]
+    assert r["naive"]["seeds"][1337]["final_val_loss"] != r["naive"]["seeds"][1338]["final_val_loss"]
+    assert list(r["naive"]["seeds"][1337]["val_loss"]) == [4, 8] and math.isfinite(r[wild]["val_slope_mean"])
+    assert r["naive"]["seeds"][1337]["test"]["token_ppl"] > 1
+
+    # the window SE: 0 for identical runs; for the wild one a warning with the windows that would do
+    assert c[same]["window_se"] == 0 and c[same]["windows"] == 8 and c[same]["windows_needed"] is None
+    assert c[wild]["window_se"] > stats.WINDOW_SE_TARGET and c[wild]["windows_needed"] > 8
+    assert any(w.startswith(f"`{wild}` − `naive` at seed 1337: paired window SE") and "--train.eval_batches=" in w
+               for w in result["warnings"]), result["warnings"]
+
+    # teacher-forced, per seed and checkpoint: init_std and logging do not change the function, the norm eps does;
+    # a spec that changes the parameters' shapes cannot be scored on the reference's weights
+    for seed in (1337, 1338):
+        t = result["teacher"][seed]
+        assert list(t["naive"]["delta"]) == [4, 8] and t["naive"]["pass"] and t[same]["pass"] and t[wild]["pass"]
+        assert set(t[same]["delta"].values()) == set(t[wild]["delta"].values()) == {0.0}
+        assert not t[eps]["pass"] and all(d != 0 for d in t[eps]["delta"].values())
+    wider = "naive@model.mlp_hidden=32"
+    skip = runs.teacher_forced(tmp_path / "smoke_naive_s1337", [runs.parse_spec(s) for s in ("naive", wider)],
+                               [f"--data.cache_dir={tmp_path / 'cache'}"], 1e-4)
+    assert skip["naive"]["pass"] and "other shapes" in skip[wider]["skipped"]
+
+    md = (tmp_path / "parity.md").read_text()
+    assert f"| `{wild}` |" in md and "**different**" in md and "| equivalent |" in md and "| undecided: " in md
+    assert "`naive~` − `naive` (floor)" in md and "Pass: every |Δ| ≤ 0.0001" in md and "**FAIL**" in md and "Command: `python scripts/parity.py" in md
+    saved = json.loads((tmp_path / "parity.json").read_text())
+    assert saved["compared"][same]["verdict"] == "equivalent" and saved["exit_status"] == 1
+    assert (tmp_path / "parity.png").stat().st_size > 0
+
+
+def test_the_command_line(tmp_path):
+    """The script as typed, training in train.py processes one after the other: one seed decides nothing (exit 2),
+    without a floor the report says so, and a warm-up as long as the run is a warning."""
+    r = subprocess.run([sys.executable, "scripts/parity.py", "--config", "configs/smoke.yaml", "--backends",
+                        "naive,naive@train.log_interval=1", "--seeds", "1", "--floor-backend", "none", "--steps", "2",
+                        "--eval-interval", "2", "--out", str(tmp_path), f"--data.cache_dir={tmp_path / 'cache'}", *TINY,
+                        "--train.eval_batches=1"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "== smoke_naive_s1337" in r.stdout and "naive@train.log_interval=1: undecided" in r.stdout
+    saved = json.loads((tmp_path / "parity.json").read_text())
+    c = saved["compared"]["naive@train.log_interval=1"]
+    assert c["deltas"] == [0.0] and "one seed" in c["reason"] and saved["floor"] is None
+    md = (tmp_path / "parity.md").read_text()
+    assert "No floor was run" in md and "not annealed" in md
