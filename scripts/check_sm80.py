@@ -2,6 +2,7 @@
 
     python scripts/check_sm80.py                                  # every config × chunk and fused
     python scripts/check_sm80.py --configs gla_340m --backends fused
+    python scripts/check_sm80.py --configs gdn_125m --backends fused --kernels delta_h_bwd_kernel
     python scripts/check_sm80.py --compile-with /path/to/venv/bin/python    # compile with that venv's Triton
 
 Users also train on A100s, so every Triton kernel must run on sm80 as well as sm90. Where no A100 is at hand,
@@ -219,6 +220,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated config names (configs/*.yaml)")
     p.add_argument("--backends", default="chunk,fused", help="comma-separated backends")
     p.add_argument("--out", default="runs/bench", help="folder for sm80-compile.{md,json} (default runs/bench)")
+    p.add_argument("--kernels", help="comma-separated kernel names: compile only their launches (default: all)")
     p.add_argument("--compile-with", default=sys.executable, metavar="PYTHON",
                    help="the Python whose Triton compiles (e.g. a venv with the GPU machine's Triton version)")
     p.add_argument("--capture", nargs=2, metavar=("CONFIG", "BACKEND"), help=argparse.SUPPRESS)   # subprocesses
@@ -244,6 +246,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import triton
 
     launches, skipped = run_captures(configs, args.backends.split(","))
+    if args.kernels:
+        wanted = set(args.kernels.split(","))
+        if missing := wanted - {v["kernel"] for v in launches.values()}:
+            p.error(f"no launch of {', '.join(sorted(missing))} in {args.configs} on {args.backends}")
+        launches = {k: v for k, v in launches.items() if v["kernel"] in wanted}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:     # compiled in a process without the interpreter
         json.dump(list(launches.values()), f)
         f.flush()

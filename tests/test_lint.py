@@ -1,5 +1,5 @@
 """Every Python file in the repository passes pyflakes: no unused imports or variables, no undefined names, no
-f-strings without fields. A dead load in a Triton kernel (fused_chunk.py's b_qj, 2026-11-25) is what this finds."""
+f-strings without fields. A dead load in a Triton kernel (an unused b_qj once) is what this finds."""
 from __future__ import annotations
 
 import io

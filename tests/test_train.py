@@ -240,7 +240,7 @@ def test_fsdp_checkpoint_writes_full_weights(tmp_path, monkeypatch, main_process
     """Under FSDP accelerate saves the model sharded and no model.safetensors; save_checkpoint gathers the
     full weights on every rank (a collective: a rank that skipped it would hang the others) and rank 0 writes
     model.safetensors, which eval/perplexity.py loads. FSDP needs GPUs, so accelerate's side is stood in for
-    here (the H100 runs of bench/results/2026-11-24-h100-fsdp/ are the real thing)."""
+    here (scripts/scaling.py on GPUs is the real thing)."""
     from safetensors.torch import load_file
 
     from accelerate.utils import DistributedType

@@ -36,7 +36,7 @@ def test_targets_are_shifted_inputs(store):
 def test_bos_starts_every_window_and_every_token_is_a_target(store):
     plain, bos = BatchSampler(store, 16, 4, seed=3), BatchSampler(store, 16, 4, seed=3, bos=49)
     for step in (0, 7):
-        (x, y), (xb, yb) = plain.batch(step), bos.batch(step)
+        (x, _), (xb, yb) = plain.batch(step), bos.batch(step)
         w = bos.windows(step, 0)
         assert w == plain.windows(step, 0)                                  # the same windows, in the same order
         assert (xb[:, 0] == 49).all() and (xb[:, 1:] == yb[:, :-1]).all()

@@ -1,6 +1,7 @@
-"""Model-level equivalence across backends (STYLE.md §9): the same weights and batch on `chunk` (and
-`fused`: GLA, Gated DeltaNet, Mamba-2 (their projection chains, issue [H]), RA+MLA) and on `naive` give the same loss, logits and parameter gradients — exactly in fp32 (CPU, Triton
-interpreter), and within twice PyTorch's own bf16 error in bf16 (GPU, eval/equivalence.py)."""
+"""Model-level equivalence across backends: the same weights and batch on `chunk` (and `fused`: GLA, Gated
+DeltaNet and Mamba-2 with their projection chains, RA+MLA) and on `naive` give the same loss, logits and parameter
+gradients — exactly in fp32 (CPU, Triton interpreter), and within twice PyTorch's own bf16 error in bf16 (GPU,
+eval/equivalence.py)."""
 from __future__ import annotations
 
 import pytest
@@ -20,9 +21,11 @@ TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low
 @pytest.mark.parametrize("family,backend", [(f, "chunk") for f in TINY if f != "gpt2_ramla"]
                          + [(f, "fused") for f in TINY])
 def test_triton_model_equals_naive_in_fp32(family, backend):
-    """T = 70: one full chunk and a ragged one. fp32 Triton (no TF32) against the fp32 naive model."""
-    cfg = ModelConfig(**{"family": family, "vocab_size": 61, "n_layers": 2, "mlp_hidden": 64, **TINY[family]})
-    errs = compare(cfg, [backend], batch=2, seq_len=70, device="cpu")[backend]
+    """Chunks of 16 at T = 20: one full chunk and a ragged one (the ops' own tests cover every chunk size).
+    fp32 Triton (no TF32) against the fp32 naive model."""
+    cfg = ModelConfig(**{"family": family, "vocab_size": 61, "n_layers": 2, "mlp_hidden": 64, "chunk_size": 16,
+                         **TINY[family]})
+    errs = compare(cfg, [backend], batch=2, seq_len=20, device="cpu")[backend]
     assert abs(errs["loss"]) < 1e-5 and errs["logits"] < 1e-5
     bad = {n: e for n, e in errs["grads"].items() if not e < 1e-4}
     assert not bad, bad

@@ -29,7 +29,7 @@ def test_large_logits_stay_finite():
     assert torch.isfinite(attention(q, k, v)).all() and torch.isfinite(attention_reference(q, k, v)).all()
 
 
-# ---- the `fused` backend: the WMMA CUDA kernel (issue [J]), forward only ----
+# ---- the `fused` backend: the WMMA CUDA kernel, forward only ----
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="the WMMA kernel needs a CUDA GPU and nvcc")
 

@@ -1,4 +1,4 @@
-"""Each Triton stage of the chunk backend (ops/common/) against the `_ref` beside it, forward and backward.
+"""Each Triton stage of the chunk backend (ops/chunkwise/) against the `_ref` beside it, forward and backward.
 
 fp32 (no TF32) everywhere: within 1e-6 of the reference. bf16 on the GPU as well, where Triton takes
 another code path (tensor-core dots; the H100 miscompiled one of these stages only in bf16): each

@@ -1,5 +1,5 @@
-"""ops/common/cross_entropy.py's per-row kernel (the LM loss's chunk step, model/loss.py) against PyTorch: the
-loss terms and the gradient it writes over the logits, fp32 and bf16, with ignored targets, at vocab sizes that
+"""ops/loss/cross_entropy.py's per-row kernel (the chunk step of ops/loss/linear_cross_entropy.py) against PyTorch:
+the loss terms and the gradient it writes over the logits, fp32 and bf16, with ignored targets, at vocab sizes that
 are not multiples of the block (interpreter: 32 columns), and without grad (z left alone)."""
 from __future__ import annotations
 

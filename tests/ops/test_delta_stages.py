@@ -1,4 +1,4 @@
-"""Each Triton stage of the gated delta rule's chunk backend (ops/common/wy.py, delta_h.py) against
+"""Each Triton stage of the gated delta rule's chunk backend (ops/gated_delta/wy.py, delta_state.py) against
 the fp64 `_ref` beside it, forward and backward, at ragged shapes and strong decays. Outputs of a
 stage are compared together by tests/helpers.py's grads_close: under extreme gates some vanish
 (dh0 ~ 1e-150, below fp32's range), and are then held to the others' scale."""
@@ -14,7 +14,7 @@ from ops.gated_delta.delta_state import delta_h_bwd, delta_h_bwd_ref, delta_h_fw
 from ops.gated_delta.wy import wy_bwd, wy_bwd_ref, wy_fwd, wy_fwd_ref
 from tests.helpers import grads_close
 
-# DESIGN §6's fp32 bound (1e-5): the WY backward goes through (I + L)⁻¹ twice, and its fp32 rounding,
+# The fp32 bound (1e-5): the WY backward goes through (I + L)⁻¹ twice, and its fp32 rounding,
 # times that solve's condition number, reached 2e-6 of the fp64 reference at T = 5 (seen once in ~10 runs).
 TOL = 1e-5
 
@@ -46,7 +46,7 @@ def test_wy_fwd_bwd(case, gate, device, poison_empty):
     dk, dv, dbeta, db = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_in, C)
     dk_ref, dv_ref, dbeta_ref, db_ref = wy_bwd_ref(k, v, b, beta, h, dv_new, C)
     # the kernel adds dk_in into dk in fp32, so dk − dk_in carries rounding of dk_in's size: measured against
-    # ‖dk_ref‖ alone that failed 1 in 300 seeds at T = 5 (1.25e-5; 2026-11-26). The scale is the sum's terms.
+    # ‖dk_ref‖ alone that failed 1 in 300 seeds at T = 5 (1.25e-5). The scale is the sum's terms.
     grads_close([dk - dk_in, dv, dbeta, db], [dk_ref, dv_ref, dbeta_ref, db_ref], "k v beta b".split(), TOL,
                 magnitudes=[dk_ref.abs() + dk_in.abs(), dv_ref, dbeta_ref, db_ref])
 

@@ -1,4 +1,4 @@
-"""The fused forward's intra-chunk scores (ops/common/fused_intra.py) against chunk_intra's reference: the
+"""The fused forward's intra-chunk scores (ops/gla/fused_intra.py) against chunk_intra's reference: the
 factorised path, the exact one (forced, and where the decay demands it), both in one sequence, every chunk
 size, several key tiles, padded last chunks; bf16 full shapes on the GPU beside chunk's kernel."""
 from __future__ import annotations

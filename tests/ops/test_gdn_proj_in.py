@@ -1,4 +1,4 @@
-"""Gated DeltaNet's fused input side (issue [H], ops/gdn_proj_in/fused.py) against its naive oracle: every output
+"""Gated DeltaNet's fused input side (ops/gdn_proj_in/fused.py) against its naive oracle: every output
 (q, k, v, g, β, r) and the gradient of every input (x, the six projection weights, the three conv weights, A_log,
 dt_bias); fp32 under the Triton interpreter at ragged sizes with poisoned allocations, bf16 on the GPU at the GDN
 configs' layer shapes; the registry wiring. (The model with `proj` fused against the naive model, fp32 and bf16:
@@ -47,7 +47,7 @@ SHAPES = [(2, 13, 40, 2, 16, 8, 4), (1, 3, 24, 1, 16, 16, 4), (1, 21, 33, 3, 8, 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}d{}H{}K{}V{}W{}".format(*s))
 def test_fused_matches_naive_fp32(shape, device, poison_empty):
-    """fp32, exact dots: every output and gradient within 1e-5 (DESIGN §6); q, k, v come out contiguous."""
+    """fp32, exact dots: every output and gradient within 1e-5; q, k, v come out contiguous."""
     B, T, d, H, K, V, W = shape
     inputs = make_inputs(*shape, device=device)
     ref_o, ref_g, dys = run(naive.gdn_proj_in, inputs, H)
@@ -100,7 +100,7 @@ GPU_SHAPES = {"gdn340m_B8T2048d1024H8K128": (8, 2048, 1024, 8, 128, 128, 4),
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name):
     """Under bf16 autocast, as the model runs (x a non-leaf: bench.chains.normed_input), against the fp32 naive op:
-    every output and gradient within twice PyTorch's own bf16 error on the same chain plus 1e-3 (STYLE.md §7)."""
+    every output and gradient within twice PyTorch's own bf16 error on the same chain plus 1e-3."""
     shape = GPU_SHAPES[name]
     H = shape[3]
     inputs = make_inputs(*shape, device="cuda")

@@ -1,8 +1,8 @@
-"""ops/common/interpreter.py: the backport that lets Triton 3.6's interpreter run under numpy ≥ 2.5.
+"""ops/interpreter.py: the backport that lets Triton 3.6's interpreter run under numpy ≥ 2.5.
 
 CI has a Triton with the fix (3.7+), so the backport is exercised here against a stand-in for 3.6's patch function.
 Under the real Triton 3.6.0 with numpy 2.5.2 (the H100 image) it is what lets check_sm80's capture and the CPU
-interpreter tests run at all (bench/results/2026-11-25-h100-suite-bf57d6b/).
+interpreter tests run at all.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mamba-2's fused input side (issue [H], ops/mamba2_proj_in/fused.py) against its naive oracle: every output
+"""Mamba-2's fused input side (ops/mamba2_proj_in/fused.py) against its naive oracle: every output
 (z, x, B, C, dt) and the gradient of every input (u, W_in, the conv's weight and bias, dt_bias); fp32 under the
 Triton interpreter at ragged sizes with poisoned allocations, bf16 on the GPU at the Mamba-2 configs' layer
 shapes; the model with `proj` fused (both sides: proj_out's gate-first form) against the naive model."""
@@ -44,7 +44,7 @@ SHAPES = [(2, 13, 24, 32, 8, 4, 4, True), (1, 3, 16, 16, 16, 1, 4, True), (1, 19
 @pytest.mark.parametrize("shape", SHAPES,
                          ids=lambda s: "B{}T{}d{}di{}ds{}H{}W{}{}".format(*s[:7], "" if s[7] else "-nob"))
 def test_fused_matches_naive_fp32(shape, device, poison_empty):
-    """fp32, exact dots: every output and gradient within 1e-5 (DESIGN §6)."""
+    """fp32, exact dots: every output and gradient within 1e-5."""
     *dims, W, bias = shape
     Bsz, T, d, d_inner, d_state, H = dims
     inputs = make_inputs(*dims, W=W, bias=bias, device=device)
@@ -92,7 +92,7 @@ GPU_SHAPES = {"mamba2_370m_B8T2048d1024": (8, 2048, 1024, 2048, 128, 32),
 @pytest.mark.parametrize("name", list(GPU_SHAPES))
 def test_fused_matches_naive_bf16_gpu(name):
     """Under bf16 autocast, as the model runs, against the fp32 naive op: every output and gradient within twice
-    PyTorch's own bf16 error on the same chain plus 1e-3 (STYLE.md §7)."""
+    PyTorch's own bf16 error on the same chain plus 1e-3."""
     dims = GPU_SHAPES[name]
     d_inner, d_state = dims[3], dims[4]
     inputs = make_inputs(*dims, device="cuda")

@@ -1,4 +1,4 @@
-"""The analytical data-movement model (ops/common/movement.py): byte counts by hand at a small
+"""The analytical data-movement model (ops/gla/movement.py): byte counts by hand at a small
 shape, what each loop order re-reads, the on-chip budgets, and the grid-utilisation stretch."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_register_budget_sets_the_warps():
 
 
 def test_choice_matches_the_sweeps():
-    """The H100 sweeps' best V tile and warps (bench/results/2026-11-24-h100-fused-scan.md)."""
+    """The H100 sweeps' best V tile and warps."""
     for s, (bv, warps) in ((Shape(16, 2048, 12, 64, 64), (64, 4)), (Shape(8, 2048, 4, 128, 256), (64, 8))):
         best, plans = choose(s)
         assert (best.tiles.BV, best.tiles.num_warps) == (bv, warps)

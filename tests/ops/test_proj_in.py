@@ -1,4 +1,4 @@
-"""The fused input projection (issue [H], ops/proj_in/fused.py) against its naive oracle: every output (q, k, v,
+"""The fused input projection (ops/proj_in/fused.py) against its naive oracle: every output (q, k, v,
 gk, r) and the gradient of every input (x and all seven weights and the bias); fp32 under the Triton
 interpreter at ragged sizes with poisoned allocations, bf16 on the GPU at the seed's and the GLA configs' layer
 shapes; the registry wiring, saved memory and refusals. (The model-level fp32 check with `proj` fused, both
@@ -55,7 +55,7 @@ ENGINES = {"library": fused.proj_in, "triton": fused.proj_in_triton, "cat": fuse
 @pytest.mark.parametrize("engine", list(ENGINES))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}d{}H{}K{}V{}L{}".format(*s))
 def test_fused_matches_naive_fp32(shape, engine, device, poison_empty):
-    """fp32 with exact dots (input_precision ieee): every output and gradient within 1e-5 (DESIGN §6); NaN-filled
+    """fp32 with exact dots (input_precision ieee): every output and gradient within 1e-5; NaN-filled
     allocations make any element a kernel leaves unwritten fail. q, k, v, r come out contiguous: the mixer's
     .contiguous() is free."""
     H = shape[3]
@@ -183,7 +183,7 @@ def test_tma_only_for_16_bit_operands_on_hopper():
 
 
 def test_gemm_autotune_is_small_and_ignores_rows():
-    """≤ 6 configs per GEMM (STYLE.md §11), keyed on the widths, never on B·T."""
+    """≤ 6 configs per GEMM, keyed on the widths, never on B·T."""
     assert len(fused.GEMM_CONFIGS) <= 6 and len(fused.TMA_CONFIGS) <= 6
     assert set(fused._gemm_tuned.keys) == {"D", "HK", "HV"}
     assert set(fused._dgrad_tuned.keys) == set(fused._dgrad_tma_tuned.keys) == {"D", "HK", "HV", "L"}
@@ -222,7 +222,7 @@ def test_fused_matches_naive_bf16_gpu(name, engine):
     """Under bf16 autocast, as the model runs (fp32 x from the block's norm: a non-leaf, bench.chains.normed_input,
     so the naive chain casts it at each F.linear as the model does), against the fp32 naive op. Bound:
     twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of rounding slack
-    (STYLE.md §7), for every output and every gradient."""
+    for every output and every gradient."""
     shape = GPU_SHAPES[name]
     H = shape[3]
     inputs = make_inputs(*shape, device="cuda")

@@ -1,4 +1,4 @@
-"""The fused output projection (issue [H], ops/proj_out/fused.py) against its naive oracle: the output and
+"""The fused output projection (ops/proj_out/fused.py) against its naive oracle: the output and
 the gradient of every input (o, r, the norm weight, W_o, the residual), in both orderings of the norm and
 the gate (GLA's norm first, Mamba-2's gate_first); fp32 under the Triton interpreter at ragged sizes, bf16 on
 the GPU at the seed's and the models' shapes; the registry and model wiring; saved memory."""
@@ -50,7 +50,7 @@ ORDER = {"norm-first": False, "gate-first": True}
 @pytest.mark.parametrize("order", ORDER)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}V{}d{}{}".format(*s[:5], "" if s[5] else "-nores"))
 def test_fused_matches_naive_fp32(shape, order, device, poison_empty):
-    """fp32 with exact dots (input_precision ieee): the output and every gradient within 1e-5 (DESIGN §6)."""
+    """fp32 with exact dots (input_precision ieee): the output and every gradient within 1e-5."""
     *dims, residual = shape
     inputs = make_inputs(*dims, residual=residual, device=device)
     dy = torch.randn(*dims[:2], dims[4], device=device)
@@ -99,7 +99,7 @@ def test_eps_reaches_the_kernels(order, device):
 
 
 def test_backends_share_one_signature():
-    """naive and fused take the same arguments, gate_first keyword-only in both (STYLE.md §2)."""
+    """naive and fused take the same arguments, gate_first keyword-only in both."""
     sig = inspect.signature(naive.proj_out)
     assert sig == inspect.signature(fused.proj_out)
     assert sig.parameters["gate_first"].kind is inspect.Parameter.KEYWORD_ONLY
@@ -152,7 +152,7 @@ def test_int32_overflow_is_refused():
 
 
 def test_gemm_autotune_is_small_and_ignores_rows():
-    """≤ 6 GEMM configs (STYLE.md §11), keyed on d and H·V (and the residual switch), never on B·T."""
+    """≤ 6 GEMM configs, keyed on d and H·V (and the residual switch), never on B·T."""
     assert len(fused.GEMM_CONFIGS) <= 6
     assert set(fused._gemm_tuned.keys) == {"N", "K", "HAS_RES"}
 
@@ -213,7 +213,7 @@ GPU_SHAPES = {"seed_B8T4096H16V128": (8, 4096, 16, 128, 2048, False),
 def test_fused_matches_naive_bf16_gpu(name):
     """Under bf16 autocast, as the model runs (fp32 residual stream), against the fp32 naive op. Bound:
     twice PyTorch's own bf16 error on the same chain (naive under the same autocast) plus 1e-3 of
-    rounding slack (STYLE.md §7), for the output and every gradient."""
+    rounding slack, for the output and every gradient."""
     B, T, H, V, d, gate_first = GPU_SHAPES[name]
     inputs = make_inputs(B, T, H, V, d, device="cuda")
     dy = torch.randn(B, T, d, device="cuda")

@@ -77,7 +77,7 @@ def test_gradcheck_tiny():
     assert torch.autograd.gradcheck(lambda *a: ramla(*a, 2), inputs + (alpha,))
 
 
-# ---- the `fused` backend (flash kernels, issue [I]) against the naive oracle ----
+# ---- the `fused` backend (flash kernels) against the naive oracle ----
 
 @pytest.fixture(params=["sdpa", "triton"])
 def far_mode(request, device, monkeypatch):
@@ -286,7 +286,7 @@ def test_deterministic_mode_keeps_cudnn_out(monkeypatch):
 @pytest.mark.parametrize("alpha", [0.5, None])
 def test_fused_bf16_full_shape(alpha, far, monkeypatch):
     """GPT-2 124M's shape (B8 T2048 H12 D64 L64 W64) in bf16 against naive in fp32, in both forms. dα, one sum
-    over B·H·T·W terms of both signs, has no SDPA counterpart: within 2e-2 (1.0e-2 on the H100, 2026-11-25)."""
+    over B·H·T·W terms of both signs, has no SDPA counterpart: within 2e-2 (1.0e-2 on the H100)."""
     monkeypatch.setattr("ops.ramla.fused.FAR", far)
     errs = fused_vs_naive(8, 2048, 12, 64, 64, 64, alpha, "cuda", torch.bfloat16)
     assert_within_sdpa_bf16_error((8, 2048, 12, 64, 64, 64), errs)

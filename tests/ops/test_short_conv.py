@@ -1,4 +1,4 @@
-"""The fused short causal conv (ops/common/short_conv.py) against model.common.ShortConv (F.conv1d + SiLU) and
+"""The fused short causal conv (ops/proj/short_conv.py) against model.common.ShortConv (F.conv1d + SiLU) and
 F.normalize: the output and the gradients of x, the weight and the bias; fp32 at ragged sizes under the Triton
 interpreter (tiles BT = 8 rows × 16 channels or one head there), strided column slices, bf16, a zero-norm head."""
 from __future__ import annotations
@@ -55,7 +55,7 @@ SHAPES = [(2, 19, 40, 4, None, True, False), (1, 3, 24, 4, None, False, False), 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}C{}W{}hd{}{}{}".format(
     *s[:5], "-bias" if s[5] else "", "-strided" if s[6] else ""))
 def test_matches_shortconv_fp32(shape, device, poison_empty):
-    """fp32: the output and every gradient within 1e-5 (DESIGN §6; no dots, only sums of ≤ W + head_dim terms)."""
+    """fp32: the output and every gradient within 1e-5 (no dots, only sums of ≤ W + head_dim terms)."""
     B, T, C, W, head_dim, bias, strided = shape
     conv = make_conv(C, W, bias, device)
     if strided:

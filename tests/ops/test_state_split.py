@@ -1,4 +1,4 @@
-"""The split state scan (issue [G]; ops/common/chunk_h.py, `segments` > 1) against the sequential
+"""The split state scan (ops/chunkwise/state.py, `segments` > 1) against the sequential
 `_ref`s and against the one-segment launch, forward (h, final state) and backward (dh, dh0).
 
 Decays from none (every carry reaches the end undiminished, so a wrong carry cannot hide) to −50

@@ -1,4 +1,4 @@
-"""The sub-block backward kernels (ops/common/fused_chunk.py) against the `chunk` stages each replaces
+"""The sub-block backward kernels (ops/gla/sub_block_bwd.py) against the `chunk` stages each replaces
 (every one tested against its reference and, through the op, naive): dv against chunk_bwd_dv given A,
 and dq, dk, db against
 chunk_bwd_dA + chunk_intra_bwd + chunk_bwd_dqkb. Ragged T, T < C, several K and V tiles, every

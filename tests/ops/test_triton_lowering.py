@@ -3,7 +3,7 @@
 The interpreter that runs the other Triton tests on CPU executes kernels as Python and never type-checks
 them. Triton's compiler does, and a kernel that is right under the interpreter can fail to compile: a
 name bound to a scalar in one branch of an `if` and to a tensor in the other did exactly that on the
-H100 (bench/results/2026-11-24-h100-proj-in.md). Lowering needs no GPU, only Triton's CUDA backend and
+H100. Lowering needs no GPU, only Triton's CUDA backend and
 its bundled ptxas. It runs in a subprocess without TRITON_INTERPRET, which makes `triton.jit` return
 interpreter objects rather than compilable ones. Small tiles: type errors surface in the frontend whatever
 the tile, and large ones cost CI a minute in LLVM and ptxas.
