@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 def default_out(ckpt: Path, split: str, seq_len: int, stride: int, tag: str) -> Path:
     """<run>/eval/<step folder>_<split>_<seq_len>_<stride>[_<tag>].json (a checkpoint outside a run: beside it)."""
-    return (_run_of(ckpt) or ckpt.parent) / "eval" / f"{ckpt.name}_{split}_{seq_len}_{stride}{'_' + tag if tag else ''}.json"
+    name = f"{ckpt.name}_{split}_{seq_len}_{stride}{'_' + tag if tag else ''}.json"
+    return (_run_of(ckpt) or ckpt.parent) / "eval" / name
 
 
 def check_writable(out: Path, made: bool) -> None:
