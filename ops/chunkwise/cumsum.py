@@ -21,9 +21,9 @@ def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.cons
     m = (o_t[:, None] < T) & (o_s[None, :] < S)
     ptr = row_offsets(i_b, i_h, o_t[:, None], T, H, S) + o_s[None, :]
     b_x = tl.load(x + ptr, mask=m, other=0.0).to(tl.float32)
-    b_o = tl.cumsum(b_x, axis=0)
-    if REVERSE:
-        b_o = tl.sum(b_x, axis=0)[None, :] - b_o + b_x
+    # reverse: its own scan, not the chunk total minus the forward one, which would leave the rounding of the
+    # largest partial sum in every row (dg_u of a weak decay after a strong one is far below the rows before it)
+    b_o = tl.cumsum(b_x, axis=0, reverse=REVERSE)
     tl.store(out + ptr, b_o, mask=m)
 
 

@@ -1,7 +1,13 @@
 """Intra-chunk attention matrix and its backward, written to / read from HBM between kernels.
 
     A_ij = scale · Σ_d q_id k_jd exp(b_id − b_jd)   for j ≤ i in the same chunk, else 0
-    dq_i = scale · Σ_j dA_ij k_j ⊙ exp(b_i − b_j),   dk_j = scale · Σ_i dA_ij q_i ⊙ exp(b_i − b_j)
+    dq_i = scale · Σ_{j<i} dA_ij k_j ⊙ exp(b_i − b_j),   dk_j = scale · Σ_{i>j} dA_ij q_i ⊙ exp(b_i − b_j)
+
+The backward leaves out the diagonal pairs i = j (exp(0) = 1): output.py adds them, scale · dA_ii k_i
+to dq_i and scale · dA_ii q_i to dk_i, only to the dq, dk it returns. The decay gradient
+db = q ⊙ dq − k ⊙ dk is formed without them: a diagonal pair enters both terms equally, so it cancels
+exactly, and at strong decay it is larger than the true db by up to exp(−g) per step (e^50), far past
+what fp32 can subtract out. Every pair left carries at least one step of decay.
 
 Scalar decay (SCALAR): the decay leaves the dot product, so each chunk is one masked GEMM.
 Per-key-dim decay: the chunk is split into BC-row sub-chunks. An off-diagonal block (I > J) is
@@ -101,7 +107,8 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
 @triton.jit
 def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s."""
+    """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s, the
+    diagonal pairs left out (see the module docstring)."""
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
@@ -124,7 +131,7 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
             b_bj = tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)
             b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
                            mask=m_s[:, None], other=0.0)
-            keep = (o_s[:, None] >= o_j[None, :]) & m_s[:, None] & m_j[None, :]
+            keep = (o_s[:, None] > o_j[None, :]) & m_s[:, None] & m_j[None, :]              # off-diagonal
             b_dA = b_dA * tl.exp(tl.where(keep, b_bs[:, None] - b_bj[None, :], float("-inf")))
             b_k = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
             b_dq += tl.dot(b_dA, b_k, input_precision=PREC)
@@ -134,7 +141,7 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
             b_bi = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)
             b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
                            mask=m_i[:, None], other=0.0)
-            keep = (o_i[:, None] >= o_s[None, :]) & m_i[:, None] & m_s[None, :]
+            keep = (o_i[:, None] > o_s[None, :]) & m_i[:, None] & m_s[None, :]
             b_dA = b_dA * tl.exp(tl.where(keep, b_bi[:, None] - b_bs[None, :], float("-inf")))
             b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
             b_dk += tl.dot(tl.trans(b_dA), b_q, input_precision=PREC)
@@ -164,17 +171,17 @@ def chunk_intra_bwd_kernel(q, k, b, dA, dq, dk, scale, T, H: tl.constexpr, K: tl
             b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
                 tl.exp(tl.where(m_s[:, None] & r_ok[None, :], b_br[None, :] - b_bs, float("-inf")))
         b_q = load_rows(q, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K).to(tl.float32)
-        for j in range(BC):                                                # diagonal block, row by row
+        for j in range(BC):                                # diagonal block, row by row, its diagonal left out
             t_j = i_t * BT + i_s * BC + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
             b_kj = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
             b_qj = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
             b_bj = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
-            # column j of dA (rows i ≥ j of block s) → dq rows; row j of dA (cols ≤ j) → dk rows
+            # column j of dA (rows i > j of block s) → dq rows; row j of dA (cols < j) → dk rows
             dA_col = tl.load(dA + row_offsets(i_b, i_h, o_s, T, H, BT) + i_s * BC + j, mask=m_s, other=0.0)
             dA_row = tl.load(dA + row_offsets(i_b, i_h, t_j, T, H, BT) + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
-            e_col = tl.exp(tl.where((o_c >= j)[:, None] & m_s[:, None], b_bs - b_bj[None, :], float("-inf")))
-            e_row = tl.exp(tl.where((o_c <= j)[:, None] & m_s[:, None] & ((o_c * 0 + t_j) < T)[:, None], b_bj[None, :] - b_bs,
+            e_col = tl.exp(tl.where((o_c > j)[:, None] & m_s[:, None], b_bs - b_bj[None, :], float("-inf")))
+            e_row = tl.exp(tl.where((o_c < j)[:, None] & m_s[:, None] & ((o_c * 0 + t_j) < T)[:, None], b_bj[None, :] - b_bs,
                                     float("-inf")))
             b_dq += dA_col[:, None] * b_kj[None, :] * e_col
             b_dk += dA_row[:, None] * b_qj[None, :] * e_row
@@ -199,7 +206,8 @@ def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16,
 
 
 def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int = 16, num_warps: int = 4):
-    """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32."""
+    """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32, from the strictly lower
+    pairs j < i (the diagonal's share is output.chunk_bwd_dqkb's)."""
     B, T, H, K = q.shape
     BC, BK = min(sub_chunk, chunk_size), tile(K)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
@@ -223,7 +231,10 @@ def chunk_intra_fwd_ref(q, k, b, scale: float, chunk_size: int) -> torch.Tensor:
 
 
 def chunk_intra_bwd_ref(q, k, b, dA, scale: float, chunk_size: int):
-    """dq, dk of the intra-chunk scores by autograd through chunk_intra_fwd_ref."""
+    """dq, dk of the intra-chunk scores by autograd through chunk_intra_fwd_ref, the diagonal of dA
+    (column t mod C of row t) left out, as the kernel leaves it."""
     qr, kr = q.detach().float().requires_grad_(), k.detach().float().requires_grad_()
     A = chunk_intra_fwd_ref(qr, kr, b.float(), scale, chunk_size)
-    return torch.autograd.grad(A, (qr, kr), dA.float())
+    T = q.shape[1]
+    diag = torch.arange(T, device=q.device)[:, None] % chunk_size == torch.arange(chunk_size, device=q.device)
+    return torch.autograd.grad(A, (qr, kr), dA.float().masked_fill(diag[None, :, None, :], 0.0))

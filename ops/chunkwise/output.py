@@ -3,11 +3,24 @@
     o    = scale · (q ⊙ exp(b)) h_n + A v
     dA   = do vᵀ on the causal chunk block
     dv   = Aᵀ do + (k ⊙ exp(b_L − b)) dh_{n+1}
-    dq   = dq_intra + scale · exp(b) ⊙ (do h_nᵀ)
-    dk   = dk_intra + exp(b_L − b) ⊙ (v dh_{n+1}ᵀ)
-    db_t = q_t ⊙ dq_t − k_t ⊙ dk_t, and at the chunk's last row also
-           exp(b_L) ⊙ Σ_v h_n ⊙ dh_{n+1} + Σ_j k_j ⊙ dk_inter_j          (then dg = reverse cumsum of db)
+    dq'  = dq_intra + scale · exp(b) ⊙ (do h_nᵀ)         (dq_intra, dk_intra: the pairs j < i, intra.py)
+    dk'  = dk_intra + exp(b_L − b) ⊙ (v dh_{n+1}ᵀ)
+    db_t = q_t ⊙ dq'_t − k_t ⊙ dk'_t, and at the chunk's last row L also        (dk_inter: dk's state term)
+           exp(b_L) ⊙ Σ_v h_n ⊙ dh_{n+1} + Σ_{j<L} k_j ⊙ dk_inter_j, where dk'_L leaves out dk_inter_L
+    dq   = dq' + scale · dA_tt k_t,   dk = dk' + scale · dA_tt q_t (+ dk_inter_L),   dA_tt = do_t · v_t
+    dg   = reverse cumsum of db within the chunk (cumsum.py, a scan of its own: no total minus prefix)
 With a scalar decay, db sums over the key dimension: each K tile writes a partial, summed after.
+
+db is the sum, over the pairs (query t, key s) each term of the output holds, of that pair's share, with
+the sign of how b_t − b_s moves: + for t, − for s, so that dg_u = Σ_{t≥u} db_t adds exactly the pairs s < u ≤ t.
+A diagonal pair (s = t, the dA_tt term) has b_t − b_t = 0 and enters q ⊙ dq and k ⊙ dk equally; at strong
+decay it is all either holds (the pairs s < t carry exp(b_t − b_s) ≤ e^g per step), so a db formed from the
+full dq and dk would be two near-equal numbers subtracted, fp32's rounding of them left where the true db is
+e^−50 smaller. It is therefore never in the dq', dk' db is formed from, and is added only to the dq, dk
+returned. dA_tt is formed here from the do and v rows the state terms load anyway, not read from dA. The last
+row's key and the state leaving the chunk are such a pair too (exp(b_L − b_L) = 1; undecayed where dh_{n+1}
+is the final state's gradient), entering the tail and −k_L ⊙ dk_L equally: it is left out of both.
+Every pair left in db carries at least one step of decay.
 """
 from __future__ import annotations
 
@@ -119,10 +132,12 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
 def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     """The state terms of dq and dk for one K tile of one chunk, before their decay factors:
-    do h_nᵀ and v dh_{n+1}ᵀ [BT, BK] fp32, and Σ_v h_n ⊙ dh_{n+1} [BK]."""
+    do h_nᵀ and v dh_{n+1}ᵀ [BT, BK] fp32, Σ_v h_n ⊙ dh_{n+1} [BK], and the diagonal of do vᵀ,
+    dA_tt = do_t · v_t [BT] fp32 (the diagonal pairs' share of dq and dk, module docstring)."""
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_dk = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
+    b_dAd = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -135,7 +150,8 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
         b_dq += tl.dot(b_do, b_ht.to(b_do.dtype), input_precision=PREC)
         b_dk += tl.dot(b_v, b_dht.to(b_v.dtype), input_precision=PREC)
         b_hdh += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
-    return b_dq, b_dk, b_hdh
+        b_dAd += tl.sum(b_do.to(tl.float32) * b_v.to(tl.float32), axis=1)
+    return b_dq, b_dk, b_hdh, b_dAd
 
 
 @triton.jit
@@ -150,7 +166,8 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     last = tl.minimum(i_t * BT + BT, T) - 1
-    b_dq, b_dk, b_hdh = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV, PREC)
+    b_dq, b_dk, b_hdh, b_dAd = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV,
+                                           PREC)
     b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:
@@ -166,18 +183,21 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
         b_dk *= tl.exp(tl.where(m_t[:, None], b_bl[None, :] - b_b, 0.0))
         b_hdh *= tl.exp(b_bl)
     p = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
-    tail = b_hdh + tl.sum(b_k * b_dk, axis=0)                 # the last row's extra terms, per key dim
-    b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
-    b_dk += tl.load(dk_intra + p, mask=m_tk, other=0.0)
-    b_db = b_q * b_dq - b_k * b_dk
     is_last = (o_t == last)[:, None]
+    b_dks = tl.where(is_last, 0.0, b_dk)                      # the last row's state pair, out of db (docstring)
+    tail = b_hdh + tl.sum(b_k * b_dks, axis=0)                # the last row's extra terms, per key dim
+    b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
+    b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
+    b_db = b_q * b_dq - b_k * (b_dks + b_dki)
+    b_dk += b_dki
     if SCALAR:
         row = tl.sum(b_db, axis=1) + tl.where(o_t == last, tl.sum(tail, axis=0), 0.0)
         tl.store(db + ((i_k * (tl.num_programs(2) // H) + i_b) * T + o_t) * H + i_h, row, mask=m_t)
     else:
         tl.store(db + p, b_db + tl.where(is_last, tail[None, :], 0.0), mask=m_tk)
-    tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+    b_dAd = (b_dAd * scale)[:, None]                          # the diagonal pairs, after db (module docstring)
+    tl.store(dq + p, (b_dq + b_dAd * b_k).to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + p, (b_dk + b_dAd * b_q).to(dk.dtype.element_ty), mask=m_tk)
 
 
 # Launch configs, the best of a sweep on the H100: 8 warps unpipelined for the output stage (a quarter faster at the
@@ -234,7 +254,8 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
 
 def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4,
                   num_stages: int | None = None):
-    """Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
+    """dq_intra, dk_intra: chunk_intra_bwd's, without the diagonal pairs, which this kernel adds (module docstring).
+    Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
     num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined, the scalar-decay
     kernel races on the H100 at K = V = 128 with two V tiles (about one call in 600 gives different dk and db bits
     on identical inputs); unpipelined it never does. The per-key kernel runs the same V loop and keeps the default:
@@ -291,9 +312,13 @@ def chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, 
     dq_in = torch.einsum("bnchv,bnhkv->bnchk", pad_chunks(do, C), h.float()) * pad_chunks(b, C).exp() * scale
     dk_in = torch.einsum("bnchv,bnhkv->bnchk", pad_chunks(v, C), dh.float()) * _k_to_end(torch.ones_like(k), b, C)
     dq = dq_in.reshape(B, -1, H, K)[:, :T] + dq_intra
-    dk = dk_in.reshape(B, -1, H, K)[:, :T] + dk_intra
-    db = q.float() * dq - k.float() * dk
-    tail = chunk_last(b, T, C).exp() * (h.float() * dh.float()).sum(-1) + (pad_chunks(k, C) * dk_in).sum(2)  # [B, N, H, K]
+    dk_in = dk_in.reshape(B, -1, H, K)[:, :T]
     ends = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=q.device)[: -(-T // C)], max=T - 1)
-    db[:, ends] += tail
-    return dq, dk, (db.sum(-1, keepdim=True) if b.shape[-1] == 1 else db)
+    dk_off = dk_in.clone()
+    dk_off[:, ends] = 0.0                                                               # the last row's state pair
+    db = q.float() * dq - k.float() * (dk_off + dk_intra)
+    tail = chunk_last(b, T, C).exp() * (h.float() * dh.float()).sum(-1) + pad_chunks(k.float() * dk_off, C).sum(2)
+    db[:, ends] += tail                                                                 # [B, N, H, K]
+    dk = dk_in + dk_intra
+    dA_diag = (do.float() * v.float()).sum(-1, keepdim=True) * scale                  # the diagonal pairs
+    return dq + dA_diag * k.float(), dk + dA_diag * q.float(), (db.sum(-1, keepdim=True) if b.shape[-1] == 1 else db)

@@ -3,11 +3,15 @@ scores as the forward, recomputed rather than stored, with dA = do vᵀ formed i
 q̃ = scale · q ⊙ exp(b − b_L), k̃ = k ⊙ exp(b_L − b), A = mask(q̃ k̃ᵀ) and h, dh the states entering and
 the gradient leaving the chunk:
 
-    dv = Aᵀ do + k̃ dh                 dq = scale · exp(b − b_L) ⊙ (dA k̃) + scale · exp(b) ⊙ (do hᵀ)
-    dk = exp(b_L − b) ⊙ (dAᵀ q̃ + v dhᵀ)
-    db = q ⊙ dq − k ⊙ dk, plus at the last row exp(b_L) ⊙ Σ_v h ⊙ dh + Σ_rows k ⊙ exp(b_L − b) ⊙ (v dhᵀ)
+    dv = Aᵀ do + k̃ dh                 dq' = scale · exp(b − b_L) ⊙ (dA' k̃) + scale · exp(b) ⊙ (do hᵀ)
+    dk' = exp(b_L − b) ⊙ (dA'ᵀ q̃ + v dhᵀ)          dA' = dA strictly below its diagonal
+    db = q ⊙ dq' − k ⊙ dk', plus at the last row L exp(b_L) ⊙ Σ_v h ⊙ dh + Σ_{rows < L} k ⊙ exp(b_L − b) ⊙ (v dhᵀ)
+    dq = dq' + scale · dA_tt k_t,      dk = dk' + scale · dA_tt q_t
 
-(b_L cancels out of A, so only the state update adds to the last row.) Aᵀ and dAᵀ are dots of their
+(b_L cancels out of A, so only the state update adds to the last row.) The diagonal pairs t = t enter
+q ⊙ dq and k ⊙ dk equally and cancel in db; at strong decay they are nearly all of either, so db is
+formed without them and they are added to the returned dq, dk only; so is row L's state term in dk' (its key
+and the state leaving the chunk, undecayed: ops/chunkwise/output.py says more). Aᵀ and dAᵀ are dots of their
 own rather than tl.trans of an accumulator: Triton < 3.7.1 miscompiles that on Hopper.
 
 dq, dk and db need only their own key columns of q̃ and k̃ (and dA, summed over all of V); dv needs Aᵀ,
@@ -76,16 +80,22 @@ def fused_scan_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, N
             b_dqs += tl.dot(b_do, tl.trans(b_hn.to(b_do.dtype)), input_precision=PREC)
             b_dks += tl.dot(b_v, tl.trans(b_dhn.to(b_v.dtype)), input_precision=PREC)
             b_hdh += tl.sum(b_hn.to(tl.float32) * b_dhn.to(tl.float32), axis=1)
-        b_dA = tl.where(o_c[:, None] >= o_c[None, :], b_dA, 0.0)
-        b_dAt = tl.where(upper, b_dAt, 0.0)
+        # the diagonal pairs (module docstring): dA_tt read off the tile, the dots below strictly off-diagonal
+        b_diag = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_dA, 0.0), axis=1) * scale
+        b_dA = tl.where(o_c[:, None] > o_c[None, :], b_dA, 0.0)
+        b_dAt = tl.where(o_c[:, None] < o_c[None, :], b_dAt, 0.0)
         b_dq = (dot_split(b_dA, b_k * e_k, b_q, PREC, SPLIT) * e_q + b_dqs * tl.exp(b_b)) * scale
+        is_last = (o_t == last)[:, None]
         b_dks = b_dks * e_k
+        b_dkl = tl.where(is_last, b_dks, 0.0)                       # the last row's state pair, added after db
+        b_dks -= b_dkl
         b_dk = dot_split(b_dAt, b_q * e_q * scale, b_q, PREC, SPLIT) * e_k + b_dks
         tail = b_hdh * tl.exp(b_bl) + tl.sum(b_k.to(tl.float32) * b_dks, axis=0)
-        b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == last)[:, None], tail[None, :], 0.0)
+        b_db = b_q * b_dq - b_k * b_dk + tl.where(is_last, tail[None, :], 0.0)
+        b_dk += b_dkl
         tl.store(db + p_tk, b_db, mask=m_tk)
-        tl.store(dq + p_tk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-        tl.store(dk + p_tk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+        tl.store(dq + p_tk, (b_dq + b_diag[:, None] * b_k).to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p_tk, (b_dk + b_diag[:, None] * b_q).to(dk.dtype.element_ty), mask=m_tk)
 
 
 @triton.jit

@@ -105,7 +105,9 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
     """dq, dk, db for one K tile of one chunk: the intra-chunk terms from dA = do vᵀ, formed here one
     key block J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in
     the forward, then the state terms (output._state_grads, as chunk_bwd_dqkb). Each key
-    block's contributions reach the chunk-wide accumulators through 0/1 selection dots."""
+    block's contributions reach the chunk-wide accumulators through 0/1 selection dots. The diagonal pairs
+    i = j, and the last row's state term of dk, are left out of the dq, dk that db is formed from and added
+    after it (ops/chunkwise/output.py)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MINR:   # every chunk at MINR < 0
@@ -138,7 +140,7 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                     b_dA += tl.dot(load_rows(do, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
                     b_dAd += tl.dot(load_rows(do, i_b, i_h, o_j, m_j, o_v, m_v, T, H, V), b_vt, input_precision=PREC)
                 b_dA = tl.where(below[:, None], b_dA, 0.0)
-                b_dAd = tl.where((o_s[:, None] >= o_s[None, :]) & m_j[:, None], b_dAd, 0.0)
+                b_dAd = tl.where((o_s[:, None] > o_s[None, :]) & m_j[:, None], b_dAd, 0.0)      # off the diagonal
                 b_kj = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
                 b_bj = load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
                 b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
@@ -147,15 +149,15 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 b_dq += e_i * tl.dot(b_dA, b_kj * e_j, input_precision=PREC)
                 b_dkj = e_j * tl.dot(tl.trans(b_dA), b_q * e_i, input_precision=PREC)                 # [BC, BK]
                 b_dqj = tl.zeros([BC, BK], dtype=tl.float32)
-                for j in range(BC):                             # inside J, elementwise, as chunk_intra_bwd
+                for j in range(BC):                             # inside J but off its diagonal, as chunk_intra_bwd
                     t_j = j0 + j
                     m_jk = m_k & ((o_k * 0 + t_j) < T)
                     b_kr = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
                     b_qr = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
                     b_br = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
                     live = (o_s * 0 + t_j) < T
-                    e_col = tl.exp(tl.where((o_s >= j)[:, None] & m_j[:, None], b_bj - b_br[None, :], float("-inf")))
-                    e_row = tl.exp(tl.where((o_s <= j)[:, None] & m_j[:, None] & live[:, None], b_br[None, :] - b_bj,
+                    e_col = tl.exp(tl.where((o_s > j)[:, None] & m_j[:, None], b_bj - b_br[None, :], float("-inf")))
+                    e_row = tl.exp(tl.where((o_s < j)[:, None] & m_j[:, None] & live[:, None], b_br[None, :] - b_bj,
                                             float("-inf")))
                     b_dqj += _col(b_dAd, j, BC)[:, None] * b_kr[None, :] * e_col
                     b_dkj += _row(b_dAd, j, BC)[:, None] * b_qr[None, :] * e_row
@@ -164,18 +166,22 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 b_dk += tl.dot(select, b_dkj, input_precision="ieee")
         # the state terms, as chunk_bwd_dqkb forms them; after the key-block loop, so their two [BT, BK]
         # accumulators are not live through it
-        b_dq_in, b_dk_in, b_hdh = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V,
-                                               BT, BK, BV, PREC)
+        b_dq_in, b_dk_in, b_hdh, b_diag = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K,
+                                                      V, BT, BK, BV, PREC)
         b_bL = tl.load(b + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_k, other=0.0)
         b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
+        is_last = (o_t == chunk_last)[:, None]
+        b_dkl = tl.where(is_last, b_dk_in, 0.0)               # the last row's state pair: only after db (output.py)
+        b_dk_in -= b_dkl
         b_dq = (b_dq + b_dq_in * tl.exp(b_b)) * scale
         b_dk = b_dk * scale + b_dk_in
         tail = b_hdh * tl.exp(b_bL) + tl.sum(b_k * b_dk_in, axis=0)     # the chunk's last row's extra terms
         p = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
-        b_db = b_q * b_dq - b_k * b_dk + tl.where((o_t == chunk_last)[:, None], tail[None, :], 0.0)
+        b_db = b_q * b_dq - b_k * b_dk + tl.where(is_last, tail[None, :], 0.0)
         tl.store(db + p, b_db, mask=m_tk)
-        tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-        tl.store(dk + p, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+        b_diag = (b_diag * scale)[:, None]                    # the diagonal pairs, only after db (output.py)
+        tl.store(dq + p, (b_dq + b_diag * b_k).to(dq.dtype.element_ty), mask=m_tk)
+        tl.store(dk + p, (b_dk + b_dkl + b_diag * b_q).to(dk.dtype.element_ty), mask=m_tk)
 
 
 def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16, min_range: float = -1.0,

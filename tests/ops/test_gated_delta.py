@@ -91,13 +91,6 @@ TRITON_BACKENDS = backends_under_test("gated_delta")   # fused is chunk's functi
 CHUNK_SHAPES = [(2, 70, 1, 8, 6), (1, 5, 1, 4, 4), (1, 1, 2, 4, 3)]
 
 
-def dg_floor(q, k, dq, dk) -> float:
-    """∂g is a reverse cumsum (≤ C = 64 terms) of db = q·dq − k·dk + (WY terms), whose output-stage
-    terms cancel where the true gradient vanishes (extreme gates: ~1e-25): fp32 leaves
-    ~64 · 2⁻²⁴ · (‖q⊙dq‖ + ‖k⊙dk‖), as for GLA's ∂gk (tests/ops/test_gla.py)."""
-    return 64 * 2.0 ** -24 * ((q * dq).double().norm() + (k * dk).double().norm()).item()
-
-
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("shape", CHUNK_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
 @pytest.mark.parametrize("gate", list(GATES))
@@ -118,8 +111,7 @@ def test_triton_backend_matches_recurrence(backend, shape, gate, betas, device, 
     do, ds = torch.randn_like(o1), torch.randn_like(s1)
     ((o1 * do).sum() + (s1 * ds).sum()).backward()
     ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
-    floor = dg_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
-    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta h0".split(), 1e-5, {"g": floor})
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta h0".split(), 1e-5)
 
 
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
@@ -137,8 +129,7 @@ def test_triton_chunk_sizes(chunk_size, device, poison_empty):
     do = torch.randn_like(o1)
     (o1 * do).sum().backward()
     (o2 * do.float()).sum().backward()
-    floor = dg_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
-    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta".split(), 1e-5, {"g": floor})
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v g beta".split(), 1e-5)
 
 
 @pytest.mark.gpu

@@ -101,12 +101,6 @@ def fp32_bound(decay: str, gk: torch.Tensor, chunk_size: int = 64) -> float:
     return 1e-5 + 4 * 2.0 ** -23 * chunk_cumsum_ref(gk.double().cpu(), chunk_size).abs().max().item()
 
 
-def dgk_floor(q, k, dq, dk) -> float:
-    """∂gk is a reverse cumsum (≤ C = 64 terms) of q⊙dq − k⊙dk, two terms that cancel where the
-    true gradient vanishes (strong decay: ~1e-44): fp32 leaves ~64 · 2⁻²⁴ · (‖q⊙dq‖ + ‖k⊙dk‖)."""
-    return 64 * 2.0 ** -24 * ((q * dq).double().norm() + (k * dk).double().norm()).item()
-
-
 @pytest.mark.parametrize("backend", TRITON_BACKENDS)
 @pytest.mark.parametrize("shape", CHUNK_SHAPES, ids=lambda s: "B{}T{}H{}K{}V{}".format(*s))
 @pytest.mark.parametrize("decay", list(DECAYS))
@@ -134,9 +128,7 @@ def assert_matches_recurrence(op, inputs: list[torch.Tensor], tol: float) -> Non
         assert err <= bound, f"{name}: ‖Δ‖ = {err:.3e} > {bound:.3e} (‖ref‖ = {ref.norm().item():.3e})"
     ((o1 * do).sum() + (s1 * ds).sum()).backward()
     ((o2 * do.float()).sum() + (s2 * ds.float()).sum()).backward()
-    floor = dgk_floor(ref_in[0].detach(), ref_in[1].detach(), ref_in[0].grad, ref_in[1].grad)
-    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol, {"gk": floor},
-                magnitudes=grad_mags)
+    grads_close([x.grad for x in got_in], [y.grad for y in ref_in], "q k v gk h0".split(), tol, magnitudes=grad_mags)
 
 
 def magnitudes(inputs: list[torch.Tensor], do: torch.Tensor, ds: torch.Tensor):
