@@ -25,7 +25,7 @@ def saved_bytes(fn: Callable[[], object]) -> int:
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖ in float64 (DESIGN §6); a NaN anywhere makes it NaN, which fails every bound."""
+    """‖a − b‖ / ‖b‖ in float64; a NaN anywhere makes it NaN, which fails every bound."""
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 

@@ -1,5 +1,5 @@
 """Decay gradients (GLA ∂gk, SSD ∂A, Gated DeltaNet ∂g) of every Triton backend at per-step log-decays from 0 to
-−50, against the fp64 step recurrence, each held relative to its own norm: DESIGN §6's 1e-5, no allowance.
+−50, against the fp64 step recurrence, each held relative to its own norm: the 1e-5 bound, no allowance.
 
 The tests in test_gla.py, test_ssd.py and test_gated_delta.py hold every gradient relative to the largest one
 (tests/helpers.grads_close), so a decay gradient of e^−20 next to ∂q ~ 1 passes whatever it holds. Here each

@@ -1,4 +1,4 @@
-"""The fused GLA kernels (ops/common/fused_scan.py, fused_scan_bwd.py) through the op, against the fp64
+"""The fused GLA kernels (ops/gla/scan.py, scan_bwd.py) through the op, against the fp64
 recurrence: each of their two paths alone (the factorised scores; the exact one, forced with
 max_range < 0), both in one sequence (tame chunks next to chunks whose decay exceeds the threshold,
 so the backward's two launches must cover every chunk between them), and the split-state mode.

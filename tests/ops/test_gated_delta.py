@@ -97,7 +97,7 @@ CHUNK_SHAPES = [(2, 70, 1, 8, 6), (1, 5, 1, 4, 4), (1, 1, 2, 4, 3)]
 @pytest.mark.parametrize("betas", list(BETAS))
 def test_triton_backend_matches_recurrence(backend, shape, gate, betas, device, poison_empty):
     """fp32 inputs (no TF32): the output, the final state and every gradient (through both) against
-    the fp64 recurrence on the same inputs, DESIGN §6's 1e-5."""
+    the fp64 recurrence on the same inputs, the 1e-5 bound."""
     from ops import get_op
 
     op = get_op("gated_delta", backend)

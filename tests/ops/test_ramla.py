@@ -297,7 +297,7 @@ def assert_within_sdpa_bf16_error(shape: tuple, *runs: list[float]) -> None:
     """Each run's output and tensor-gradient errors (bf16, at shape (B, T, H, D, L, W)) within twice PyTorch's own
     bf16 error on the nearest chain it has, measured once for all runs: plain MLA on SDPA's bf16 kernel (naive with
     α = None) against the same fp32 oracle and inputs, plus 1e-3 of rounding slack: the projections' rule
-    (tests/ops/test_proj_out.py). DESIGN's flat 5e-3 would leave no room: SDPA's own error reaches 4.5e-3 (∂q at
+    (tests/ops/test_proj_out.py). A flat 5e-3 would leave no room: SDPA's own error reaches 4.5e-3 (∂q at
     B1 T37 H1 on the H100), fused's 4.9e-3."""
     sdpa = fused_vs_naive(*shape, None, "cuda", torch.bfloat16, op=ramla)
     names = ["o", "dq", "dk_lat", "dv_lat", "dw_ql", "dw_vu"]
