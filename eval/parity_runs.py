@@ -200,8 +200,9 @@ def prepare_data(config: str, data: list[list[str]]) -> None:
         prepare(["--config", config, *overrides])
 
 
-def train_all(jobs: dict[str, list[str]], out: Path, limit: int | None, devices: Sequence[str] = ()) -> None:
-    """Run the train.py commands, `limit` at a time (None: one by one, output to this terminal; 0: all at once),
+def train_all(jobs: dict[str, list[str]], out: Path, limit: int | None, devices: Sequence[str] = (),
+              what: str = "training") -> None:
+    """Run the train.py (or other) commands, `limit` at a time (None: one by one, output to this terminal; 0: all at once),
     the concurrent ones logging to <out>/<name>.log and spread over `devices` (pick_device) when two or more.
     They run in this process's working folder, so that relative paths (--config, --out, the data cache) name the
     same files in every run and in the scoring after them."""
@@ -226,13 +227,13 @@ def train_all(jobs: dict[str, list[str]], out: Path, limit: int | None, devices:
         for name in jobs:
             print(f"== {name}", flush=True)
             if one(name):
-                raise SystemExit(f"error: training {name} failed; train.py's error is above")
+                raise SystemExit(f"error: {what} {name} failed; its error is above")
         return
     with ThreadPoolExecutor(limit or len(jobs)) as pool:
         codes = dict(zip(jobs, pool.map(one, jobs)))
     failed = [n for n, c in codes.items() if c]
     if failed:
-        raise SystemExit("error: training failed for " + ", ".join(f"{n} (see {out / n}.log)" for n in failed))
+        raise SystemExit(f"error: {what} failed for " + ", ".join(f"{n} (see {out / n}.log)" for n in failed))
 
 
 def _device() -> str:
@@ -275,6 +276,24 @@ def window_losses(run: Path, data_overrides: list[str]) -> dict:
             nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="none")
             out.append(nll.view_as(y).double().mean(1).cpu())
     return {"losses": np.concatenate([o.numpy() for o in out]), "micro_batch": mb, "available": (len(store) - 1) // T}
+
+
+def score_all(runs: Mapping[str, Mapping[int, Path]], data: Mapping[str, list[str]], out: Path, limit: int | None,
+              devices: Sequence[str] = ()) -> dict[str, dict[int, dict]]:
+    """score_test_split for every run: in this process one by one (`limit` None), else as eval/perplexity.py
+    processes run like the training ones, `limit` at a time over `devices` (a slow backend's scoring overlaps the
+    others'). {spec: {seed: result}}."""
+    import json
+
+    if limit is None:
+        return {name: {seed: score_test_split(folder, data[name]) for seed, folder in by_seed.items()}
+                for name, by_seed in runs.items()}
+    jobs = {f"{folder.name}_test": [sys.executable, str(REPO / "eval" / "perplexity.py"), "--ckpt", str(folder),
+                                    "--split", "test", "--out", str(folder / "eval_test.json"), *data[name]]
+            for name, by_seed in runs.items() for folder in by_seed.values()}
+    train_all(jobs, out, limit, devices, what="scoring the test split")
+    return {name: {seed: json.loads((folder / "eval_test.json").read_text()) for seed, folder in by_seed.items()}
+            for name, by_seed in runs.items()}
 
 
 def score_test_split(run: Path, data_overrides: list[str]) -> dict:

@@ -105,8 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         devices = runs_.visible_devices()
     runs_.train_all(plan.jobs, out, args.parallel, devices)
 
-    tests = {name: {seed: runs_.score_test_split(folder, plan.data[name]) for seed, folder in by_seed.items()}
-             for name, by_seed in plan.runs.items()}
+    tests = runs_.score_all(plan.runs, plan.data, out, args.parallel, devices)
     windows = {name: runs_.window_losses(by_seed[seeds[0]], plan.data[name]) for name, by_seed in plan.runs.items()}
     curves, compared = report.summarize(plan.runs, plan.pairs, plan.floor, windows, tests, args.tolerance)
     warnings += report.window_warnings(compared, seeds[0])

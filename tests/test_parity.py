@@ -279,17 +279,21 @@ def test_a_bad_spec_is_one_error_line(tmp_path, monkeypatch):
 
 @pytest.fixture
 def trains_in_process(monkeypatch):
-    """train.py's runs in this process, one at a time, with the same arguments (their output into the run's log): a
+    """train.py's runs and the test split's scoring (eval/perplexity.py) in this process, one at a time, with the same arguments (their output into the run's log): a
     torch start-up per run is most of a tiny run's time."""
     import train
 
     lock, real = threading.Lock(), subprocess.run
 
+    from eval import perplexity
+
+    mains = {str(REPO / "train.py"): train.main, str(REPO / "eval" / "perplexity.py"): perplexity.main}
+
     def run(cmd, env=None, stdout=None, stderr=None, **kwargs):
-        if cmd[:2] != [sys.executable, str(REPO / "train.py")]:
+        if cmd[0] != sys.executable or cmd[1] not in mains:
             return real(cmd, env=env, stdout=stdout, stderr=stderr, **kwargs)
         with lock, contextlib.redirect_stdout(stdout or sys.stdout), contextlib.redirect_stderr(stdout or sys.stderr):
-            train.main(cmd[2:])
+            mains[cmd[1]](cmd[2:])
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(runs.subprocess, "run", run)
