@@ -379,26 +379,17 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 last_ckpt = str(save_checkpoint(accelerator, run_dir, step, {"config": to_dict(cfg)}, tc.keep_ckpts,
                                                 model))
     except Diverged as e:
-        bar.close()
         if metrics:
             metrics.write({"step": e.step, "error": str(e)})
-            metrics.close()
-        raise
-    except UserError:         # a checkpoint or the metrics could not be written: the message says what to do
-        bar.close()
-        if metrics:
-            metrics.close()
         raise
     except KeyboardInterrupt:
-        bar.close()
-        if metrics:
-            metrics.close()
         where = (f"the last checkpoint is {last_ckpt}. Continue with the same command and --resume" if last_ckpt
                  else "no checkpoint was saved")
         raise Interrupted(f"interrupted at step {step}; {where}") from None
-    bar.close()
-    if metrics:
-        metrics.close()
+    finally:             # also on a UserError (a checkpoint or the metrics could not be written: it says what to do)
+        bar.close()
+        if metrics:
+            metrics.close()
     result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy)
     if "val_loss" in result and entropy is not None:
         log(f"final val loss {result['val_loss']:.4f} nats; source entropy rate {entropy:.4f}; "
