@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import os
 import re
 import subprocess
@@ -283,8 +284,6 @@ def score_all(runs: Mapping[str, Mapping[int, Path]], data: Mapping[str, list[st
     """score_test_split for every run: in this process one by one (`limit` None), else as eval/perplexity.py
     processes run like the training ones, `limit` at a time over `devices` (a slow backend's scoring overlaps the
     others'). {spec: {seed: result}}."""
-    import json
-
     if limit is None:
         return {name: {seed: score_test_split(folder, data[name]) for seed, folder in by_seed.items()}
                 for name, by_seed in runs.items()}

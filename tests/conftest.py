@@ -30,6 +30,24 @@ def release_gpu_memory():
 
 
 @pytest.fixture
+def fresh_accelerate_state():
+    """Accelerate's state reset after the test (modules that call train.main use it for every test)."""
+    yield
+    from tests.helpers import reset_accelerate
+
+    reset_accelerate()
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    """A tiny run of 4 steps with checkpoints at 2 and 4 (tests/test_faults.py's make_base_run), one per test module;
+    tests copy it before changing anything."""
+    from tests.test_faults import make_base_run
+
+    return make_base_run(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture
 def bpe_file() -> Path:
     if not BPE_FILE.is_file():
         pytest.skip(f"needs the offline GPT-2 BPE ranks at {BPE_FILE} (../shared is not beside this checkout)")

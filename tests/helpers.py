@@ -6,6 +6,14 @@ from collections.abc import Callable
 import torch
 
 
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide state, so that the next in-process train.main builds its own."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 def saved_bytes(fn: Callable[[], object]) -> int:
     """Bytes of the distinct storages autograd saves for the backward while fn() runs, parameters not
     counted (an op's own activation memory)."""

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 
 import train
 from config import ConfigError, load_config
 from data.sources import SPLITS
+from tests.helpers import reset_accelerate
 from tests.test_train import tiny
 from utils.checkpoint import STATE_FILE, checkpoint_problem, clean_stale_tmp, latest_checkpoint
 from utils.cli import run_cli
@@ -30,15 +30,7 @@ from utils.runlock import LOCK_FILE
 REPO = Path(__file__).resolve().parents[1]
 
 
-def reset():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def exit_line(fn) -> str:
@@ -57,15 +49,10 @@ def ckpt(run: Path, step: int) -> Path:
     return run / "checkpoints" / f"step_{step:08d}"
 
 
-@pytest.fixture(scope="module")
-def base_run(tmp_path_factory) -> Path:
-    """A tiny run of 4 steps with checkpoints at 2 and 4; tests copy it before changing anything."""
-    return make_base_run(tmp_path_factory.mktemp("faults"))
-
-
 def make_base_run(tmp: Path) -> Path:
+    """The `base_run` fixture's run (tests/conftest.py): 4 steps, checkpoints at 2 and 4."""
     train.main(args(tmp, "base"))
-    reset()
+    reset_accelerate()
     return tmp
 
 
@@ -120,7 +107,7 @@ def test_resume_with_no_usable_checkpoint_names_the_file_and_the_ways_on(base_ru
     assert "another --train.name" in line and "--resume PATH" in line
     after = snapshot(run)
     assert after.pop(LOCK_FILE) == b"" and after == before         # nothing moved or rewritten; the lock released
-    reset()
+    reset_accelerate()
     line = exit_line(lambda: train.main(args(tmp_path, "n", "--train.max_steps=5")
                                         + ["--resume", str(ckpt(run, 2))]))    # asked for it by name: no fallback
     assert line.startswith(f"error: --resume {ckpt(run, 2)}: {ckpt(run, 2) / 'optimizer.bin'} is unreadable")
@@ -257,7 +244,7 @@ def test_disk_full_mid_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, 
     assert checkpoint_problem(ckpt(run, 2)) is None
     if kind == "torch":
         monkeypatch.undo()
-        reset()
+        reset_accelerate()
         assert train.main(args(tmp_path, "full") + ["--resume"])["steps"] == 4   # and the run continues from it
 
 

@@ -13,21 +13,12 @@ import pytest
 from accelerate import Accelerator
 
 import train
-from tests.test_faults import args, ckpt, copy_run, exit_line, make_base_run, reset, snapshot
+from tests.test_faults import args, ckpt, copy_run, exit_line, snapshot
 from utils.errors import UserError
 from utils.runlock import LOCK_FILE, RunLock, RunLocked
 
 
-@pytest.fixture(scope="module")
-def base_run(tmp_path_factory) -> Path:
-    """tests/test_faults.py's tiny run: 4 steps, checkpoints at 2 and 4; tests copy it before changing anything."""
-    return make_base_run(tmp_path_factory.mktemp("runlock"))
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 HOLD = """import fcntl, os, sys

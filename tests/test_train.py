@@ -10,23 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
+from accelerate.state import AcceleratorState
 
 import train
 from scripts import plot_run
 from config import ConfigError
 from ops import BackendError
+from tests.helpers import reset_accelerate
 from utils.checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
                               supersede_after)
 from utils.errors import UserError
 from utils.runinfo import JsonlWriter
 
 
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def tiny(tmp_path, name="tiny", *extra):
@@ -65,8 +62,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     shutil.copytree(full, crashed)
     shutil.rmtree(crashed / "checkpoints" / "step_00000012")
     (crashed / "checkpoints" / "latest").write_text("step_00000006")
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate()
     train.main(tiny(tmp_path, "crashed", "--train.keep_ckpts=3") + ["--resume"])
     (a_loss, a_val), (b_loss, b_val) = losses(full), losses(crashed)
     assert sorted(b_loss) == list(range(1, 13))       # rows after the checkpoint were rewritten, once
@@ -82,30 +78,25 @@ def test_existing_run_needs_resume(tmp_path):
         train.main(tiny(tmp_path, "r", "--train.max_steps=2"))
 
 
-def reset():
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-
-
 def test_resume_refuses_settings_that_change_the_run(tmp_path):
     train.main(tiny(tmp_path, "c", "--train.max_steps=6"))
     run = tmp_path / "runs" / "c"
     saved = (run / "config.yaml").read_text()
-    reset()
+    reset_accelerate()
     with pytest.raises(ConfigError, match=r"train.seed \(checkpoint 1337, now 5\).*--allow-changes"):
         train.main(tiny(tmp_path, "c", "--train.seed=5") + ["--resume"])
-    reset()
+    reset_accelerate()
     with pytest.raises(ConfigError, match=r"model differs.*model.d_model \(checkpoint 32, now 64\)"):
         train.main(tiny(tmp_path, "c", "--model.d_model=64") + ["--resume", "--allow-changes"])
     assert (run / "config.yaml").read_text() == saved          # the run's record is untouched
-    reset()
+    reset_accelerate()
     out = train.main(tiny(tmp_path, "c", "--train.seed=5", "--optim.lr=1e-3") + ["--resume", "--allow-changes"])
     assert out["steps"] == 12 and "seed: 5" in (run / "config.yaml").read_text()
 
 
 def test_resume_may_change_backend_and_length(tmp_path, capsys):
     train.main(tiny(tmp_path, "l", "--train.max_steps=6"))
-    reset()
+    reset_accelerate()
     out = train.main(tiny(tmp_path, "l", "--train.max_steps=9", "--train.log_interval=3") + ["--resume"])
     assert out["steps"] == 9
     assert "the cosine schedule now ends at step 9, not 6" in capsys.readouterr().out
@@ -115,7 +106,7 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(tmp_path, capsys):
     train.main(tiny(tmp_path, "f", "--train.max_steps=6"))
     run = tmp_path / "runs" / "f"
     before = {p.name: p.read_bytes() for p in (run / "config.yaml", run / "metrics.jsonl")}
-    reset()
+    reset_accelerate()
     out = train.main(tiny(tmp_path, "f", "--train.max_steps=6") + ["--resume"])
     assert out["steps"] == 6 and "nothing to train" in capsys.readouterr().out
     assert before == {p.name: p.read_bytes() for p in (run / "config.yaml", run / "metrics.jsonl")}
@@ -125,7 +116,7 @@ def test_resume_from_an_older_checkpoint_moves_the_newer_aside(tmp_path):
     train.main(tiny(tmp_path, "o", "--train.keep_ckpts=3"))
     run = tmp_path / "runs" / "o"
     old12 = (run / "checkpoints" / "step_00000012" / STATE_FILE).read_bytes()
-    reset()
+    reset_accelerate()
     train.main(tiny(tmp_path, "o", "--train.keep_ckpts=3", "--train.max_steps=9", "--train.ckpt_interval=3")
                + ["--resume", str(run / "checkpoints" / "step_00000006")])
     aside = list(run.glob("checkpoints/superseded-*/step_00000012"))
@@ -154,7 +145,7 @@ def test_torn_metrics_line_is_dropped_on_resume(tmp_path, capsys):
     run = tmp_path / "runs" / "t"
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 7, "loss": 2.2')                   # a crash mid-write
-    reset()
+    reset_accelerate()
     train.main(tiny(tmp_path, "t", "--train.max_steps=8") + ["--resume"])
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 9))

@@ -11,19 +11,11 @@ import pytest
 
 import train
 from eval import perplexity
-from tests.test_faults import args, ckpt, copy_run, exit_line, make_base_run, reset, truncate
+from tests.helpers import reset_accelerate
+from tests.test_faults import args, ckpt, copy_run, exit_line, truncate
 
 
-@pytest.fixture(scope="module")
-def base_run(tmp_path_factory) -> Path:
-    """tests/test_faults.py's tiny run: 4 steps, checkpoints at 2 and 4; tests copy it before changing anything."""
-    return make_base_run(tmp_path_factory.mktemp("eval_faults"))
-
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    yield
-    reset()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
 def evaluate(run: Path, *extra: str) -> dict:
@@ -35,7 +27,7 @@ def test_evaluation_result_outlives_checkpoint_rotation(base_run, tmp_path):
     result = evaluate(run)
     out = run / "eval" / "step_00000004_valid_32_32.json"
     assert json.loads(out.read_text()) == result
-    reset()
+    reset_accelerate()
     train.main(args(tmp_path, "e", "--train.max_steps=8", "--train.keep_ckpts=1") + ["--resume"])
     assert not ckpt(run, 4).exists() and json.loads(out.read_text()) == result   # step 4 rotated away, result kept
 
