@@ -36,7 +36,6 @@ if __package__ in (None, ""):  # `python eval/perplexity.py` puts eval/ first on
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tqdm import tqdm
 
@@ -45,7 +44,7 @@ from data.config import DataConfig, DataSourceError
 from data.prepare import prepare_split
 from data.sources import parse_source
 from model import build_model
-from utils.checkpoint import (STATE_FILE, WEIGHTS_FILE, CheckpointError, complete_checkpoints, read_state,
+from utils.checkpoint import (WEIGHTS_FILE, CheckpointError, checkpoint_problem, complete_checkpoints, read_state,
                               resolve_checkpoint)
 from utils.cli import run_cli
 from utils.errors import UserError, write_error
@@ -61,42 +60,19 @@ def _run_of(path: Path) -> Path | None:
     return path.parent.parent if path.parent.name == "checkpoints" else None
 
 
-class _Unreadable(Exception):
-    pass
-
-
-def _read(path: Path) -> tuple[Config, dict[str, torch.Tensor]]:
-    """The config and weights of checkpoint `path`; _Unreadable(file, why) for the first that does not read."""
-    for name in (STATE_FILE, WEIGHTS_FILE):
-        try:
-            if name == STATE_FILE:
-                cfg = config_from_dict(read_state(path)["config"])
-            else:
-                return cfg, load_file(str(path / WEIGHTS_FILE))
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError, ConfigError, SafetensorError) as e:
-            why = (str(e).strip().splitlines() or [""])[0][:200]
-            raise _Unreadable(path / name, f"{type(e).__name__}: {why}") from None
-    raise AssertionError("unreachable")
-
-
 def _read_checkpoint(path: Path) -> tuple[Config, dict[str, torch.Tensor]]:
-    """_read, or CheckpointError naming the bad file and the newest earlier checkpoint of the run that reads back
-    (not taken silently: its result would be another step's)."""
-    try:
-        return _read(path)
-    except _Unreadable as bad:
-        file, why = bad.args
-    run, earlier = _run_of(path), None
-    for p in reversed(complete_checkpoints(run) if run else []):
-        try:
-            if p.name < path.name and _read(p):
-                earlier = p
-                break
-        except _Unreadable:
-            continue
+    """The config and weights of checkpoint `path`, or CheckpointError naming the bad file (checkpoint_problem,
+    the optimizer left out) and the newest earlier checkpoint of the run that reads back (not taken silently: its
+    result would be another step's)."""
+    problem = checkpoint_problem(path, optimizer=False)
+    if problem is None:
+        return config_from_dict(read_state(path)["config"]), load_file(str(path / WEIGHTS_FILE))
+    run = _run_of(path)
+    earlier = next((p for p in reversed(complete_checkpoints(run) if run else [])
+                    if p.name < path.name and checkpoint_problem(p, optimizer=False) is None), None)
     instead = (f"the newest earlier checkpoint that reads back is {earlier}: pass --ckpt {earlier}" if earlier
                else "no earlier checkpoint of this run reads back either")
-    raise CheckpointError(f"cannot read {file} (truncated or corrupt: {why}); {instead}")
+    raise CheckpointError(f"{problem}; {instead}")
 
 
 def check_finite_weights(state: dict[str, torch.Tensor], path: Path) -> None:
@@ -282,6 +258,7 @@ def check_writable(out: Path, made: bool) -> None:
         tempfile.TemporaryFile(dir=out.parent).close()
     except OSError as e:
         raise write_error(e, out, "pass a writable --out") from None
+
 
 if __name__ == "__main__":
     run_cli(main)

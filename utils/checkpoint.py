@@ -190,11 +190,12 @@ def clean_stale_tmp(run_dir: Path, log: Callable[[str], None] = print) -> list[P
     return stale
 
 
-def checkpoint_problem(path: Path) -> str | None:
+def checkpoint_problem(path: Path, optimizer: bool = True) -> str | None:
     """Why the checkpoint folder `path` cannot be resumed from (the file and what is wrong with it), or None.
     Cheap: trainer_state.json is parsed, model.safetensors's header opened (safetensors checks it against the
     file's size), optimizer.bin loaded memory-mapped (its zip index sits at the end: a truncated or garbage file
-    fails at once). A sharded FSDP checkpoint's shard folders are left to accelerate."""
+    fails at once; `optimizer` False skips it, for evaluation). A sharded FSDP checkpoint's shard folders are left
+    to accelerate."""
     path = Path(path)
     state = path / STATE_FILE
     try:
@@ -216,19 +217,19 @@ def checkpoint_problem(path: Path) -> str | None:
             return f"{weights} is missing"
         except (OSError, SafetensorError, ValueError, RuntimeError) as e:
             return f"{weights} is unreadable (truncated or corrupt: {type(e).__name__}: {e})"
-    optimizer = path / OPTIMIZER_FILE
-    if optimizer.exists() or not sharded:
-        if not optimizer.is_file():
-            return f"{optimizer} is missing"
+    opt = path / OPTIMIZER_FILE
+    if optimizer and (opt.exists() or not sharded):
+        if not opt.is_file():
+            return f"{opt} is missing"
         try:
-            if not zipfile.is_zipfile(optimizer):     # its index is at the end: gone when truncated
-                return f"{optimizer} is unreadable (truncated or corrupt: not a complete torch.save archive)"
-            torch.load(optimizer, map_location="cpu", mmap=True, weights_only=True)
+            if not zipfile.is_zipfile(opt):     # its index is at the end: gone when truncated
+                return f"{opt} is unreadable (truncated or corrupt: not a complete torch.save archive)"
+            torch.load(opt, map_location="cpu", mmap=True, weights_only=True)
         except FileNotFoundError:
-            return f"{optimizer} is missing"
+            return f"{opt} is missing"
         except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as e:
             why = (str(e).strip().splitlines() or [""])[0][:200]
-            return f"{optimizer} is unreadable (truncated or corrupt: {type(e).__name__}: {why})"
+            return f"{opt} is unreadable (truncated or corrupt: {type(e).__name__}: {why})"
     return None
 
 

@@ -87,5 +87,5 @@ def test_evaluating_a_corrupt_checkpoint_names_the_file_and_a_good_one(base_run,
     run = copy_run(base_run, tmp_path, "bad")
     truncate(ckpt(run, 4) / name)
     line = exit_line(lambda: evaluate(run))
-    assert line.startswith(f"error: cannot read {ckpt(run, 4) / name} (truncated or corrupt"), line
+    assert line.startswith(f"error: {ckpt(run, 4) / name} is unreadable (truncated or corrupt"), line
     assert line.endswith(f"pass --ckpt {ckpt(run, 2)}")
