@@ -19,6 +19,7 @@ good checkpoint, saying what it skipped and why.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pickle
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import DistributedType
 from safetensors import SafetensorError, safe_open
 
 from utils.errors import UserError, free_bytes, os_reason
@@ -81,11 +82,25 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
+_AGREEMENTS = itertools.count()       # every rank makes the same calls, so the n-th call has the same keys on all
+
+
 def _first_failure(accelerator, error: str | None) -> str | None:
-    """Every rank's `error` (None: this rank succeeded), gathered: the first one, or None on every rank if all
-    succeeded. A collective, so it doubles as a barrier; every rank then fails alike instead of the others
-    waiting forever for a rank that stopped."""
-    return next((e for e in gather_object([error]) if e), None)
+    """Every rank's `error` (None: this rank succeeded): the first one, or None on every rank if all succeeded.
+    Every rank then fails alike instead of the others waiting forever for a rank that stopped. The errors go
+    through the process group's key-value store around a barrier, not an object collective: gloo's worker thread
+    releases a finished object collective's Python tensors after it, and when that comes as the process group
+    is torn down at exit it needs the GIL its destructor holds (a hang)."""
+    if accelerator.num_processes == 1:
+        return error
+    from torch.distributed import distributed_c10d
+
+    store, n = distributed_c10d._get_default_store(), next(_AGREEMENTS)
+    keys = [f"chunkfuse/agreement/{n}/{rank}" for rank in range(accelerator.num_processes)]
+    if error:
+        store.set(keys[accelerator.process_index], error)
+    accelerator.wait_for_everyone()
+    return next((store.get(k).decode() for k in keys if store.check([k])), None)
 
 
 # how torch's zip writer and safetensors report a full disk (a RuntimeError, not an OSError)
