@@ -40,11 +40,11 @@ def test_two_processes_equal_one_with_accumulation(tmp_path):
               f"--train.out_dir={tmp_path}", "--train.micro_batch_size=1"]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     one = subprocess.run([sys.executable, "train.py", *common, "--train.name=one", "--train.grad_accum=2"],
-                         cwd=REPO, env=env, capture_output=True, text=True)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={free_port()}", "train.py", *common, "--train.name=two", "--train.grad_accum=1"],
-                         cwd=REPO, env=env, capture_output=True, text=True)
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
     assert "2 process(es)" in two.stdout
     a, b = rows(tmp_path / "one"), rows(tmp_path / "two")
