@@ -40,19 +40,23 @@ def summarize(runs: dict[str, dict[int, Path]], pairs: dict[str, str], floor: st
                          "test": tests[name][seed]}
         curves[name] = {"seeds": per, "val_slope_mean": float(np.mean([r["val_slope"] for r in per.values()])),
                         "final_val_loss_mean": float(np.mean([r["final_val_loss"] for r in per.values()]))}
+    # paired over the seeds both runs finished (a failed run leaves its seed out of its comparisons only)
+    pairs = {name: base for name, base in pairs.items() if set(runs.get(name, ())) & set(runs.get(base, ()))}
     deltas = {name: [curves[name]["seeds"][s]["final_val_loss"] - curves[base]["seeds"][s]["final_val_loss"]
-                     for s in runs[name]] for name, base in pairs.items()}
+                     for s in runs[name] if s in runs[base]] for name, base in pairs.items()}
     floor_d = deltas.get(floor) if floor else None
     compared = {}
     for name, base in pairs.items():
         v = stats.verdict(deltas[name], tolerance, None if name == floor else floor_d)
-        w = windows[name]["losses"]
-        se = stats.paired_window_se(windows[base]["losses"], w)
-        need = stats.windows_for_se(se, len(w)) if se > stats.WINDOW_SE_TARGET else None
-        compared[name] = {"against": base, "deltas": deltas[name], **v,
-                          "window_se": se, "windows": len(w), "windows_needed": need,
-                          "windows_available": windows[name]["available"],
-                          "window_micro_batch": windows[base]["micro_batch"]}
+        if name in windows:
+            w = windows[name]["losses"]
+            se = stats.paired_window_se(windows[base]["losses"], w)
+            need = stats.windows_for_se(se, len(w)) if se > stats.WINDOW_SE_TARGET else None
+            win = {"window_se": se, "windows": len(w), "windows_needed": need,
+                   "windows_available": windows[name]["available"], "window_micro_batch": windows[base]["micro_batch"]}
+        else:
+            win = {"window_se": None, "windows": 0, "windows_needed": None}
+        compared[name] = {"against": base, "deltas": deltas[name], **v, **win}
     return curves, compared
 
 
@@ -106,11 +110,11 @@ def to_markdown(result: dict, command: str) -> str:
                 "**No floor was run: the spread and floor conditions are not checked**; `equivalent` rests on the "
                 "interval alone, `different` on excluding 0."), "",
              f"| run | Δ per seed | mean Δ | sd Δ | {conf} interval | TOST p | sd ≤ floor's | final val slope "
-             f"(nats/1k steps) | window SE (seed {seeds[0]}) | test token ppl | test word ppl | verdict |",
+             f"(nats/1k steps) | window SE (seed {result.get('window_seed')}) | test token ppl | test word ppl | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ppl(name: str, key: str) -> str:
-        vals = [r["test"].get(key) for r in curves[name]["seeds"].values()]
+        vals = [r["test"].get(key) for r in curves.get(name, {"seeds": {}})["seeds"].values()]
         return "—" if None in vals else f"{sum(vals) / len(vals):.3f}"
 
     r0 = curves[ref]
@@ -173,8 +177,9 @@ def plot(result: dict, path: Path) -> None:
         colors[name] = line.get_color()
     for name, cmp in result["compared"].items():
         a, b = result["runs"][name]["seeds"], result["runs"][cmp["against"]]["seeds"]
-        steps = sorted(set.intersection(*(set(a[s]["val_loss"]) & set(b[s]["val_loss"]) for s in a)))
-        d = np.array([[a[s]["val_loss"][t] - b[s]["val_loss"][t] for t in steps] for s in a])
+        both = [s for s in a if s in b]
+        steps = sorted(set.intersection(*(set(a[s]["val_loss"]) & set(b[s]["val_loss"]) for s in both)))
+        d = np.array([[a[s]["val_loss"][t] - b[s]["val_loss"][t] for t in steps] for s in both])
         dx.plot(steps, d.mean(0), "o-", ms=3, color=colors[name], label=f"{name} − {cmp['against']}")
         dx.fill_between(steps, d.min(0), d.max(0), color=colors[name], alpha=0.2)
     tol = result["tolerance"]

@@ -202,11 +202,12 @@ def prepare_data(config: str, data: list[list[str]]) -> None:
 
 
 def train_all(jobs: dict[str, list[str]], out: Path, limit: int | None, devices: Sequence[str] = (),
-              what: str = "training") -> None:
+              what: str = "training") -> list[str]:
     """Run the train.py (or other) commands, `limit` at a time (None: one by one, output to this terminal; 0: all at once),
     the concurrent ones logging to <out>/<name>.log and spread over `devices` (pick_device) when two or more.
     They run in this process's working folder, so that relative paths (--config, --out, the data cache) name the
-    same files in every run and in the scoring after them."""
+    same files in every run and in the scoring after them. A failed command does not stop the others: each is
+    reported as an `error:` line and the failed names are returned, so that what did finish is still scored."""
     lock, busy = threading.Lock(), Counter()
 
     def one(name: str) -> int:
@@ -216,6 +217,7 @@ def train_all(jobs: dict[str, list[str]], out: Path, limit: int | None, devices:
         env = None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": device}
         try:
             if limit is None:
+                print(f"== {name}", flush=True)
                 return subprocess.run(jobs[name], env=env).returncode
             print(f"== {name} (log: {out / name}.log{'' if device is None else f', GPU {device}'})", flush=True)
             with open(out / f"{name}.log", "w") as log:
@@ -225,16 +227,30 @@ def train_all(jobs: dict[str, list[str]], out: Path, limit: int | None, devices:
                 busy[device] -= 1
 
     if limit is None:
-        for name in jobs:
-            print(f"== {name}", flush=True)
-            if one(name):
-                raise SystemExit(f"error: {what} {name} failed; its error is above")
-        return
-    with ThreadPoolExecutor(limit or len(jobs)) as pool:
-        codes = dict(zip(jobs, pool.map(one, jobs)))
+        codes = {name: one(name) for name in jobs}
+    else:
+        with ThreadPoolExecutor(limit or len(jobs)) as pool:
+            codes = dict(zip(jobs, pool.map(one, jobs)))
     failed = [n for n, c in codes.items() if c]
-    if failed:
-        raise SystemExit(f"error: {what} failed for " + ", ".join(f"{n} (see {out / n}.log)" for n in failed))
+    for n in failed:
+        print(f"error: {what} {n} failed" + ("; its error is above" if limit is None else f" (see {out / n}.log)"),
+              file=sys.stderr, flush=True)
+    return failed
+
+
+def drop_failed(runs: dict[str, dict[int, Path]], failed: Sequence[str]) -> list[str]:
+    """Remove the failed runs (by folder name) from `runs` in place; a name left with no seed is removed. Returns a
+    warning line per failed run for the report."""
+    gone = set(failed)
+    lines = []
+    for name in list(runs):
+        for seed, folder in list(runs[name].items()):
+            if folder.name in gone:
+                del runs[name][seed]
+                lines.append(f"`{name}` at seed {seed} failed and is left out (see {folder}.log)")
+        if not runs[name]:
+            del runs[name]
+    return lines
 
 
 def _device() -> str:
@@ -290,9 +306,14 @@ def score_all(runs: Mapping[str, Mapping[int, Path]], data: Mapping[str, list[st
     jobs = {f"{folder.name}_test": [sys.executable, str(REPO / "eval" / "perplexity.py"), "--ckpt", str(folder),
                                     "--split", "test", "--out", str(folder / "eval_test.json"), *data[name]]
             for name, by_seed in runs.items() for folder in by_seed.values()}
-    train_all(jobs, out, limit, devices, what="scoring the test split")
-    return {name: {seed: json.loads((folder / "eval_test.json").read_text()) for seed, folder in by_seed.items()}
-            for name, by_seed in runs.items()}
+    failed = train_all(jobs, out, limit, devices, what="scoring the test split")
+    if failed and limit != 1:
+        # concurrent scorers can run out of GPU memory together: the failed ones get the GPU to themselves
+        print(f"scoring {len(failed)} run(s) again one at a time", flush=True)
+        failed = train_all({n: jobs[n] for n in failed}, out, 1, devices, what="scoring the test split")
+    return {name: {seed: ({"error": f"scoring failed (see {out / folder.name}_test.log)"}
+                          if f"{folder.name}_test" in failed else json.loads((folder / "eval_test.json").read_text()))
+                   for seed, folder in by_seed.items()} for name, by_seed in runs.items()}
 
 
 def score_test_split(run: Path, data_overrides: list[str]) -> dict:

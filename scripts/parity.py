@@ -26,6 +26,8 @@ validation split; a spec's model.* overrides apply, one that changes shapes is l
 trained weights, no training dynamics; it passes when every |Δ| ≤ --teacher-tolerance (default 1e-4 nats).
 --parallel [N] trains N runs at once (default: all), each logging to <out>/<run>.log; with two or more GPUs visible
 the runs go round-robin over them (CUDA_VISIBLE_DEVICES per run), with one they share it.
+A run that fails does not stop the others: it is left out of its comparisons (the report names it) and the exit status
+is 1; a test-split scoring that fails among concurrent ones is run again alone.
 Writes <out>/parity.{json,md,png}; exits 0 when every spec is equivalent, 1 when any is different (or on an error),
 2 when any is undecided and none different.
 """
@@ -103,20 +105,26 @@ def main(argv: list[str] | None = None) -> dict:
     if args.parallel is not None:
         runs_.prepare_data(args.config, list(plan.data.values()))
         devices = runs_.visible_devices()
-    runs_.train_all(plan.jobs, out, args.parallel, devices)
+    failed = runs_.train_all(plan.jobs, out, args.parallel, devices)
+    warnings += runs_.drop_failed(plan.runs, failed)
+    if texts[0] not in plan.runs:
+        raise SystemExit(f"error: every run of the reference `{texts[0]}` failed; nothing to compare with")
 
     tests = runs_.score_all(plan.runs, plan.data, out, args.parallel, devices)
-    windows = {name: runs_.window_losses(by_seed[seeds[0]], plan.data[name]) for name, by_seed in plan.runs.items()}
+    # per-window losses at the first seed every remaining run has (the paired window SE needs one seed for all)
+    wseed = min(set.intersection(*(set(by_seed) for by_seed in plan.runs.values())), default=None)
+    windows = {} if wseed is None else {name: runs_.window_losses(by_seed[wseed], plan.data[name])
+                                        for name, by_seed in plan.runs.items()}
     curves, compared = report.summarize(plan.runs, plan.pairs, plan.floor, windows, tests, args.tolerance)
-    warnings += report.window_warnings(compared, seeds[0])
+    warnings += report.window_warnings(compared, wseed)
     result = {"config": args.config, "steps": args.steps, "seeds": seeds, "tolerance": args.tolerance,
               "confidence": stats.CONFIDENCE, "device": runs_.describe_devices(devices), "overrides": overrides, "reference": texts[0],
-              "floor": plan.floor, "runs": curves, "compared": compared, "warnings": warnings}
+              "floor": plan.floor, "runs": curves, "compared": compared, "warnings": warnings, "window_seed": wseed}
     if args.teacher:
         result["teacher_tolerance"] = args.teacher_tolerance
         result["teacher"] = {seed: runs_.teacher_forced(plan.runs[texts[0]][seed], specs, plan.data[texts[0]],
-                                                        args.teacher_tolerance) for seed in seeds}
-    result["exit_status"] = report.exit_status(compared, plan.floor)
+                                                        args.teacher_tolerance) for seed in plan.runs[texts[0]]}
+    result["exit_status"] = 1 if failed else report.exit_status(compared, plan.floor)
     command = "python scripts/parity.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
     (out / "parity.md").write_text(report.to_markdown(result, command))

@@ -73,10 +73,11 @@ def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: in
     gamma_C = b[..., -1].to(acc).exp()                                             # [B, H, N]
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(acc)
     o = []
-    for n in range(N):
-        U = U0[:, :, n] - W[:, :, n] @ S                                           # [B, H, C, V]
-        o.append(q_in[:, :, n] @ S + A[:, :, n] @ U)                               # [B, H, C, V]
-        S = gamma_C[:, :, n, None, None] * S + k_out[:, :, n].transpose(-1, -2) @ U
+    # unbind once: indexing [:, :, n] in the loop would cost a full-size zero-fill per chunk in the backward
+    for U0_n, W_n, q_n, A_n, g_n, k_n in zip(*(x.unbind(2) for x in (U0, W, q_in, A, gamma_C, k_out))):
+        U = U0_n - W_n @ S                                                         # [B, H, C, V]
+        o.append(q_n @ S + A_n @ U)                                                # [B, H, C, V]
+        S = g_n[..., None, None] * S + k_n.transpose(-1, -2) @ U
     o = torch.stack(o, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]    # [B, T, H, V]
     return o, S
 

@@ -103,9 +103,10 @@ def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     b_last = b_last.to(acc)
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(acc)  # [B, H, K, V]
     o_inter = []
-    for n in range(N):
-        o_inter.append(q_in[:, :, n] @ S)                              # [B, H, C, V]
-        S = b_last[:, :, n].exp().transpose(-1, -2) * S + k_out[:, :, n].transpose(-1, -2) @ v[:, :, n]
+    # unbind once: indexing [:, :, n] in the loop would cost a full-size zero-fill per chunk in the backward
+    for q_n, b_n, k_n, v_n in zip(*(x.unbind(2) for x in (q_in, b_last, k_out, v))):
+        o_inter.append(q_n @ S)                                        # [B, H, C, V]
+        S = b_n.exp().transpose(-1, -2) * S + k_n.transpose(-1, -2) @ v_n
     o = o + torch.stack(o_inter, 2)                                    # [B, H, N, C, V]
     o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]        # [B, T, H, V]
     return o, S
