@@ -103,13 +103,13 @@ def to_markdown(result: dict, command: str) -> str:
              f"`{ref}`", "", f"Command: `{command}`  ", f"Device: {result['device']}", "",
              f"Δ = final validation loss − `{ref}`'s at the same seed (nats/token); interval: {conf} Student t over "
              f"the seeds. `equivalent`: the interval inside ±{tol} (two one-sided tests at 5 %: TOST p < 0.05) and "
-             "sd(Δ) ≤ the floor's; `different`: the interval excludes 0 and misses the floor's; else `undecided`, "
+             "the spread of Δ not significantly above the floor's (one-sided F-test at 5 %); `different`: the interval excludes 0 and misses the floor's; else `undecided`, "
              "with the seeds that would decide at the observed spread. "
              + (f"Floor: `{floor}` − `{comp[floor]['against']}`, the same backend re-summed (micro-batch split in two, "
                 "the same rows per step)." if floor else
                 "**No floor was run: the spread and floor conditions are not checked**; `equivalent` rests on the "
                 "interval alone, `different` on excluding 0."), "",
-             f"| run | Δ per seed | mean Δ | sd Δ | {conf} interval | TOST p | sd ≤ floor's | final val slope "
+             f"| run | Δ per seed | mean Δ | sd Δ | {conf} interval | TOST p | spread ≤ floor's (F-test) | final val slope "
              f"(nats/1k steps) | window SE (seed {result.get('window_seed')}) | test token ppl | test word ppl | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 

@@ -8,11 +8,15 @@ both runs trained from the same initial weights on the same data order, so the s
   interval  Δ̄ ± t_{1−α/2, n−1} · sd / √n, α = 0.10              (90 %; infinite at n = 1)
 
   equivalent  the 90 % interval lies inside (−tol, +tol): the two one-sided tests H0: μ ≤ −tol and H0: μ ≥ +tol
-              both reject at 5 % (TOST); and sd ≤ sd_floor, the spread of the floor (the same backend re-summed,
-              its Δ_s the rounding-only drift of two correct runs), when a floor was run
+              both reject at 5 % (TOST); and, when a floor was run (the same backend re-summed, its Δ_s the
+              rounding-only drift of two correct runs), the spread is no larger than the floor's: the one-sided
+              F-test of H0: var(Δ) ≤ var(floor), F = sd² / sd_floor² on (n − 1, m − 1) degrees of freedom, does not
+              reject at 5 %. (Comparing the two sample sd's directly would fail a correct backend, one whose spread
+              is the floor's, at every other try; at three seeds each, sd up to √19 = 4.4 × sd_floor passes.)
   different   the interval excludes 0 and is disjoint from the floor's interval (without a floor: excludes 0)
   undecided   otherwise, with the fewest seeds n' ≥ 2 that would decide at the observed means and spreads:
-              equivalent once t_{0.95, n'−1} · sd / √n' < tol − |Δ̄|, different once that half-width is below |Δ̄|
+              equivalent once t_{0.95, n'−1} · sd / √n' < tol − |Δ̄| (and the F-test passes at n' seeds each),
+              different once that half-width is below |Δ̄|
               and t_{0.95, n'−1} · (sd + sd_floor) / √n' < |Δ̄ − Δ̄_floor|
   TOST p      max(P(T ≥ (Δ̄ + tol)/se), P(T ≥ (tol − Δ̄)/se)), se = sd/√n: below 0.05 exactly when the interval
               lies inside ±tol
@@ -68,6 +72,21 @@ def t_cdf(t: float, df: float) -> float:
     """P(T ≤ t) for Student's t with df degrees of freedom: 1 − ½ I_{df/(df+t²)}(df/2, ½) for t ≥ 0."""
     tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))
     return 1 - tail if t >= 0 else tail
+
+
+def f_sf(x: float, d1: float, d2: float) -> float:
+    """P(F ≥ x) for Snedecor's F with (d1, d2) degrees of freedom: I_{d2/(d2 + d1·x)}(d2/2, d1/2), x ≥ 0."""
+    return 1.0 if x <= 0 else betainc(d2 / 2, d1 / 2, d2 / (d2 + d1 * x))
+
+
+def spread_exceeds(sd: float, n: int, floor_sd: float, m: int, alpha: float = 0.05) -> bool:
+    """Whether the spread sd of n differences is significantly larger than floor_sd of m: the one-sided F-test of
+    H0: var ≤ var_floor rejects at `alpha` (F = sd² / floor_sd², (n − 1, m − 1) degrees of freedom)."""
+    if sd == 0:
+        return False
+    if floor_sd == 0:
+        return True
+    return f_sf((sd / floor_sd) ** 2, n - 1, m - 1) < alpha
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -137,7 +156,7 @@ def seeds_to_decide(mean: float, sd: float, tolerance: float, floor_mean: float 
                     floor_sd: float | None = None, confidence: float = CONFIDENCE) -> tuple[int, str] | None:
     """The fewest seeds n ≥ 2 at which this mean and spread (and the floor's, both measured over n seeds) would
     decide, and the verdict they would give: (n, 'equivalent') when t_{1−α/2, n−1}·sd/√n < tolerance − |mean| (and
-    sd ≤ floor_sd), (n, 'different') when the interval excludes 0 (t·sd/√n < |mean|) and misses the floor's
+    the spread passes the F-test against floor_sd at n seeds each), (n, 'different') when the interval excludes 0 (t·sd/√n < |mean|) and misses the floor's
     (t·(sd + floor_sd)/√n < |mean − floor_mean|); equivalence first when both come at the same n. None when
     neither can (|mean| ≥ tolerance with the mean on the floor's, say) or the spread is unknown (one seed)."""
     if not math.isfinite(sd) or (floor_sd is not None and not math.isfinite(floor_sd)):
@@ -149,9 +168,9 @@ def seeds_to_decide(mean: float, sd: float, tolerance: float, floor_mean: float 
             return None
         return 2 if spread == 0 else _smallest_n(margin / spread, q)
 
-    equivalent = None
-    if floor_sd is None or sd <= floor_sd:
-        equivalent = needed(tolerance - abs(mean), sd)
+    equivalent = needed(tolerance - abs(mean), sd)
+    if equivalent is not None and floor_sd is not None and spread_exceeds(sd, equivalent, floor_sd, equivalent):
+        equivalent = None       # the F-test only grows stricter with more seeds
     different = needed(abs(mean), sd)
     if different is not None and floor_sd is not None:
         beyond = needed(abs(mean - floor_mean), sd + floor_sd)
@@ -167,7 +186,8 @@ def verdict(deltas: ArrayLike, tolerance: float, floor: ArrayLike | None = None,
     """The interval of `deltas` and its verdict against ±tolerance and, when given, the floor's differences.
 
     Returns paired_interval's keys plus: tost_p (tost_pvalue at this tolerance), inside (the interval within
-    ±tolerance), excludes_zero, spread_ok (sd ≤ the floor's sd; None without a floor or with one seed),
+    ±tolerance), excludes_zero, spread_ok (the spread not significantly above the floor's: spread_exceeds is
+    False; None without a floor or with one seed),
     outside_floor (the intervals disjoint; None without a floor), verdict ('equivalent' | 'different' |
     'undecided'), seeds_to_decide (for an undecided one: seeds_to_decide's (n, verdict) or None) and reason."""
     s = paired_interval(deltas, confidence)
@@ -177,7 +197,7 @@ def verdict(deltas: ArrayLike, tolerance: float, floor: ArrayLike | None = None,
     spread_ok = outside_floor = None
     if f is not None:
         if math.isfinite(s["sd"]) and math.isfinite(f["sd"]):
-            spread_ok = s["sd"] <= f["sd"]
+            spread_ok = not spread_exceeds(s["sd"], s["n"], f["sd"], f["n"])
         outside_floor = s["lo"] > f["hi"] or s["hi"] < f["lo"]
     need = None
     if inside and spread_ok is not False:
@@ -197,7 +217,7 @@ def verdict(deltas: ArrayLike, tolerance: float, floor: ArrayLike | None = None,
         else:
             reason = f"{need[0]} seeds would decide ({need[1]}) at this spread"
         if spread_ok is False:
-            reason += f"; spread {s['sd']:.2g} exceeds the floor's {f['sd']:.2g}"
+            reason += f"; spread {s['sd']:.2g} exceeds the floor's {f['sd']:.2g} (F-test at 5 %)"
     return {**s, "tost_p": tost_pvalue(deltas, tolerance), "inside": inside, "excludes_zero": excludes_zero,
             "spread_ok": spread_ok, "outside_floor": outside_floor, "verdict": v, "seeds_to_decide": need,
             "reason": reason}

@@ -17,7 +17,8 @@ Student t interval (infinite for one seed) and the TOST p-value, the floor's, th
 the last three evaluations (mean over seeds), the paired standard error across the validation windows at the first
 seed (sd of the per-window differences / √windows; a warning above 0.002 nats says how many windows would do), and
 the test split's token and word perplexity (eval/perplexity.py). Verdict (eval/parity_stats.py):
-  equivalent  the interval lies inside ±--tolerance (two one-sided tests at 5 %) and sd(Δ) ≤ the floor's sd
+  equivalent  the interval lies inside ±--tolerance (two one-sided tests at 5 %) and the spread of Δ
+              not significantly above the floor's (one-sided F-test at 5 %)
   different   the interval excludes 0 and misses the floor's interval
   undecided   otherwise, with the seeds that would decide at the observed spread
 Without a floor the spread and floor conditions are not checked, and the report says so.

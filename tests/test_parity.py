@@ -97,6 +97,18 @@ def test_verdicts():
     assert stats.verdict([0.30, 0.35], 0.01)["verdict"] == "different"
 
 
+def test_the_spread_test_is_an_f_test():
+    # F(2, 2): P(F ≥ x) = 1 / (1 + x), so 19 is its 95 % point; F(1, 1): 2/π · atan(1/√x)
+    for x in (0.5, 3.0, 19.0, 400.0):
+        assert stats.f_sf(x, 2, 2) == pytest.approx(1 / (1 + x), rel=1e-10)
+        assert stats.f_sf(x, 1, 1) == pytest.approx(2 / math.pi * math.atan(1 / math.sqrt(x)), rel=1e-10)
+    assert not stats.spread_exceeds(4.3, 3, 1.0, 3) and stats.spread_exceeds(4.4, 3, 1.0, 3)
+    assert stats.spread_exceeds(1e-9, 3, 0.0, 3) and not stats.spread_exceeds(0.0, 3, 0.0, 3)
+    # a correct backend's spread, 1.5× a floor's at three seeds each, is no reason to withhold the verdict
+    v = stats.verdict([0.0006, -0.0006, 0.0], 0.01, [0.0004, -0.0004, 0.0])
+    assert v["spread_ok"] and v["verdict"] == "equivalent"
+
+
 def test_seeds_to_decide():
     # margin 0.006 at sd 0.0056: t·sd/√n is 2.3534·0.0056/2 = 0.00659 at n = 4, 2.1318·0.0056/√5 = 0.00534 at 5
     assert stats.seeds_to_decide(0.004, 0.0056, 0.01) == (5, "equivalent")
@@ -107,7 +119,9 @@ def test_seeds_to_decide():
     # with a floor at 0 ± 0.003 the intervals must also part: t·0.006/√n < 0.02, 0.0268 at n = 2, 0.0101 at 3
     assert stats.seeds_to_decide(0.02, 0.003, 0.01, 0.0, 0.003) == (3, "different")
     # a spread above the floor's rules out equivalence, a mean on the floor's rules out a difference
-    assert stats.seeds_to_decide(0.0, 0.001, 0.01, 0.0, 0.0005) is None
+    assert stats.seeds_to_decide(0.0, 0.001, 0.01, 0.0, 1e-5) is None
+    # twice the floor's spread is no evidence of more noise at two seeds each (F = 4 < 161.4, F(1, 1)'s 95 %)
+    assert stats.seeds_to_decide(0.0, 0.001, 0.01, 0.0, 0.0005) == (2, "equivalent")
     assert stats.seeds_to_decide(0.005, 1e-4, 0.01) == (2, "equivalent")      # both at n = 2: equivalence first
     assert stats.seeds_to_decide(0.0, 0.0, 0.01) == (2, "equivalent")
     assert stats.seeds_to_decide(0.0, math.nan, 0.01) is None
