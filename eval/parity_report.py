@@ -110,7 +110,7 @@ def to_markdown(result: dict, command: str) -> str:
                 "**No floor was run: the spread and floor conditions are not checked**; `equivalent` rests on the "
                 "interval alone, `different` on excluding 0."), "",
              f"| run | Δ per seed | mean Δ | sd Δ | {conf} interval | TOST p | spread ≤ floor's (F-test) | final val slope "
-             f"(nats/1k steps) | window SE (seed {result.get('window_seed')}) | test token ppl | test word ppl | verdict |",
+             f"(nats/1k steps) | window SE (seed {'—' if result.get('window_seed') is None else result['window_seed']}) | test token ppl | test word ppl | verdict |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ppl(name: str, key: str) -> str:
