@@ -7,5 +7,5 @@ kernel (forward and backward) with a PyTorch `_ref` beside it:
     state.py            the state entering every chunk, h_n, sequential over chunks (optionally split in ranges)
     intra.py            the intra-chunk scores A = (q kᵀ) ⊙ exp(b_i − b_j), causal
     output.py           o = scale · (q ⊙ exp(b)) h_n + A v, and the gradients of every input
-    decay_attention.py  the stages composed into one autograd function (the `chunk` backend of GLA and SSD)
+    decay_attention.py  the stages composed into one operator with its gradient (the `chunk` backend of GLA and SSD)
 """

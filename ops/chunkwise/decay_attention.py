@@ -15,6 +15,8 @@ gradient is formed adds nothing to that: no pair without decay enters db (output
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import triton
 
@@ -22,39 +24,83 @@ from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
 from ops.chunkwise.cumsum import chunk_cumsum
+from ops.library import absent, contiguous, kernel_op, maybe
 from ops.triton_utils import tile
 
 CHUNK_SIZES = (16, 32, 64, 128)
 
 
-class ChunkDecayAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
-        H, G = v.shape[2], q.shape[2]
-        grouped = (q.contiguous(), k.contiguous()) if G < H else None
-        q, k, v, b, h, ht = states_forward(ctx, expand_heads(q, H), expand_heads(k, H), v, g, scale, initial_state,
-                                           output_final_state, chunk_size, split_state)
-        if b.shape[-1] == 1:
-            o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
-        else:
-            A = chunk_intra_fwd(q, k, b, scale, chunk_size)
-            o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
-        # q and k shared by groups of heads (Mamba-2's B and C) are kept as given, not per head: at
-        # mamba2_370m (32 heads, one group, N = 128) that is 268 MB less per layer at B8 T2048 bf16
-        ctx.save_for_backward(*(grouped or (q, k)), v, b, h, A)
-        return o, ht
+def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
+    B, T, H, V = v.shape
+    K, NT = q.shape[-1], -(-T // chunk_size)
+    ht = v.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else absent(v)
+    return (v.new_empty(B, T, H, V), ht, g.new_empty(B, T, H, g.shape[-1], dtype=torch.float32),
+            k.new_empty(B, NT, H, K, V), q.new_empty(B, T, H, chunk_size))
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, b, h, A = ctx.saved_tensors
-        C, scale, H, G = ctx.chunk_size, ctx.scale, v.shape[2], q.shape[2]
-        q, k = expand_heads(q, H), expand_heads(k, H)
-        do, dh, dh0 = states_backward(ctx, q, b, do, dht)
-        dA = chunk_bwd_dA(do, v, C)
-        dv = chunk_bwd_dv(k, b, A, do, dh, C)
-        dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
-        dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C)
-        return input_grads(ctx, sum_groups(dq, G), sum_groups(dk, G), dv, db, dh0)
+
+@kernel_op("chunk_decay_fwd", fake=_fwd_fake)
+def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
+                    initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int,
+                    split_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward stages. Returns o [B, T, H, V] (v's dtype), the final state [B, H, K, V] fp32 (0 elements unless
+    asked), and for the backward b [B, T, H, K|1] fp32, h [B, NT, H, K, V] and A [B, T, H, C] (q's dtype)."""
+    H = v.shape[2]
+    q, k, v, b, h, ht = states_forward(SimpleNamespace(), expand_heads(q, H), expand_heads(k, H), v, g, scale,
+                                       initial_state, output_final_state, chunk_size, split_state)
+    if b.shape[-1] == 1:
+        o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
+    else:
+        A = chunk_intra_fwd(q, k, b, scale, chunk_size)
+        o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
+    return o, absent(o) if ht is None else ht, b, h, A
+
+
+def _bwd_fake(q, k, v, b, h, A, do, dht, scale, has_h0, chunk_size, split_state, g_dtype):
+    B, T, H, V = v.shape
+    dh0 = v.new_empty(B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), b.new_empty(b.shape, dtype=g_dtype), dh0
+
+
+@kernel_op("chunk_decay_bwd", fake=_bwd_fake)
+def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
+                    A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float, has_h0: bool,
+                    chunk_size: int, split_state: bool, g_dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward stages, from the forward's inputs q, k (grouped or not), v and outputs b, h, A. Returns dq, dk
+    (q's and k's shapes), dv, dg (g_dtype) and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
+    H, G = v.shape[2], q.shape[2]
+    q, k, v = (x.contiguous() for x in (expand_heads(q, H), expand_heads(k, H), v))
+    ctx = SimpleNamespace(scale=scale, chunk_size=chunk_size, has_h0=has_h0, g_dtype=g_dtype,
+                          segments=state_segments(k, v, chunk_size, split_state))
+    do, dh, dh0 = states_backward(ctx, q, b, do, dht)
+    dA = chunk_bwd_dA(do, v, chunk_size)
+    dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
+    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, chunk_size)
+    dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, chunk_size)
+    dq, dk, dv, dg, _, dh0 = input_grads(ctx, sum_groups(dq, G), sum_groups(dk, G), dv, db, dh0)[:6]
+    return dq, dk, dv, dg, absent(dv) if dh0 is None else dh0
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state = inputs
+    _, _, b, h, A = output
+    # q and k shared by groups of heads (Mamba-2's B and C) are kept as given, not per head: at mamba2_370m
+    # (32 heads, one group, N = 128) that is 268 MB less per layer at B8 T2048 bf16
+    ctx.save_for_backward(q, k, v, b, h, A)
+    ctx.mark_non_differentiable(b, h, A)
+    ctx.scale, ctx.chunk_size, ctx.split_state = scale, chunk_size, split_state
+    ctx.has_h0, ctx.wants_ht, ctx.g_dtype = initial_state is not None, output_final_state, g.dtype
+
+
+def _backward(ctx, do, dht, db, dh, dA):
+    q, k, v, b, h, A = ctx.saved_tensors
+    do, dht = contiguous(do, dht if ctx.wants_ht else None)
+    dq, dk, dv, dg, dh0 = chunk_decay_bwd(q, k, v, b, h, A, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
+                                          ctx.split_state, ctx.g_dtype)
+    return dq, dk, dv, dg, None, maybe(dh0, ctx.has_h0), None, None, None
+
+
+chunk_decay_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def expand_heads(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -72,7 +118,7 @@ def sum_groups(dx: torch.Tensor, G: int) -> torch.Tensor:
 
 def states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state: bool, chunk_size: int,
                    split_state: bool):
-    """What every chunkwise autograd function (this one, ops/gla/fused.py's) does first: contiguous
+    """What every chunkwise forward (this module's operator, ops/gla/fused.py's) does first: contiguous
     inputs, b = chunk-local cumsum of g, the states entering each chunk (split or not), and the
     ctx fields their backward needs. Returns q, k, v, b, h, final state."""
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
@@ -110,7 +156,8 @@ def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     if q.shape[2] != k.shape[2] or v.shape[2] % q.shape[2]:
         raise ValueError(f"q and k need the same head count G dividing v's {v.shape[2]} heads; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}")
-    return ChunkDecayAttention.apply(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state)
+    o, ht = chunk_decay_fwd(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state)[:2]
+    return o, maybe(ht, output_final_state)
 
 
 def stages_plan(device: torch.device, B: int, T: int, H: int, K: int, V: int, chunk_size: int, split_state: bool,

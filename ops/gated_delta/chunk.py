@@ -10,6 +10,10 @@ Backward, in reverse: the output stage's dA and intra dq, dk; the reverse recurr
 dv_new (which also carries the −wᵀ dv_new term of v_new = u − w h_n); GLA's dq, dk, db with
 v := v_new; the WY backward (du = dv_new, dw = −dv_new h_nᵀ) into dk, dv, dβ, db; finally
 dg = reverse chunk cumsum of db. Saved for backward: Tm, w, h, v_new and A (no recomputation).
+
+The two passes are the operators chunkfuse::gated_delta_chunk_fwd and chunkfuse::gated_delta_chunk_bwd
+(ops/library.py), so torch.compile traces through them: the forward returns the saved intermediates as extra,
+non-differentiable outputs, and register_autograd joins the two.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 import triton
 
 from ops import backend_fn
+from ops.library import absent, contiguous, kernel_op, maybe
 from ops.chunkwise.cumsum import chunk_cumsum
 from ops.chunkwise.decay_attention import check_inputs
 from ops.chunkwise.intra import chunk_intra_bwd
@@ -41,33 +46,88 @@ def plan(device: torch.device, B: int, T: int, H: int, K: int, V: int, chunk_siz
             "output; backward through the same stages")
 
 
-class ChunkGatedDelta(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, state_dtype):
-        q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
-        h0 = initial_state.contiguous() if initial_state is not None else None
-        b = chunk_cumsum(g.unsqueeze(-1), chunk_size)                             # [B, T, H, 1] fp32
-        Ai, w, u = wy_fwd(k, v, b, beta, chunk_size)
-        h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size, state_dtype=state_dtype)
-        o, A = chunk_fwd_o_scalar(q, k, v_new, b, h, scale, chunk_size)
-        ctx.save_for_backward(q, k, v, b, beta, Ai, w, h, v_new, A)
-        ctx.scale, ctx.chunk_size, ctx.has_h0 = scale, chunk_size, h0 is not None
-        ctx.g_dtype, ctx.beta_dtype, ctx.state_dtype = g.dtype, beta.dtype, state_dtype
-        return o, ht
+def _fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+              initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int,
+              state_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """chunk_fwd's outputs as empty tensors, from shape arithmetic alone (tracing launches nothing)."""
+    B, T, H, K = q.shape
+    V, C, NT = v.shape[-1], chunk_size, -(-T // chunk_size)
+    ht = q.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else absent(q)
+    return (v.new_empty(B, T, H, V), ht, q.new_empty(B, T, H, 1, dtype=torch.float32), k.new_empty(B, T, H, C),
+            k.new_empty(B, T, H, K), k.new_empty(B, NT, H, K, V, dtype=state_dtype), v.new_empty(B, T, H, V),
+            q.new_empty(B, T, H, C))
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, b, beta, Ai, w, h, v_new, A = ctx.saved_tensors
-        C, scale = ctx.chunk_size, ctx.scale
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        dA = chunk_bwd_dA(do, v_new, C)
-        dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
-        dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, A, do, dht, ctx.has_h0, scale, C, state_dtype=ctx.state_dtype)
-        dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, h, dh, do, dq_intra, dk_intra, scale, C)
-        dk, dv, dbeta, db_wy = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C)
-        dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
-        return dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(ctx.beta_dtype), None, dh0, None, None, None
+
+@kernel_op("gated_delta_chunk_fwd", _fwd_fake)
+def chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+              initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int, state_dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                         torch.Tensor, torch.Tensor]:
+    """q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state [B, H, K, V] fp32 or None.
+    Returns o [B, T, H, V] (v's dtype), the final state [B, H, K, V] fp32 (0 elements unless asked), and what the
+    backward reads: b [B, T, H, 1] fp32, Tm [B, T, H, C] and w [B, T, H, K] (k's dtype), h [B, NT, H, K, V]
+    (state_dtype), v_new [B, T, H, V] (v's dtype), A [B, T, H, C] (q's dtype). All are made by the forward
+    anyway, so returning them costs no work."""
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    h0 = initial_state.contiguous() if initial_state is not None else None
+    b = chunk_cumsum(g.unsqueeze(-1), chunk_size)                             # [B, T, H, 1] fp32
+    Ai, w, u = wy_fwd(k, v, b, beta, chunk_size)
+    h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size, state_dtype=state_dtype)
+    o, A = chunk_fwd_o_scalar(q, k, v_new, b, h, scale, chunk_size)
+    return o, (ht if output_final_state else absent(q)), b, Ai, w, h, v_new, A
+
+
+def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
+              Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor, A: torch.Tensor,
+              do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int, need_dh0: bool,
+              g_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """chunk_bwd's outputs as empty tensors, from shape arithmetic alone."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    dh0 = q.new_empty(B, H, K, V, dtype=torch.float32) if need_dh0 else absent(q)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), q.new_empty(B, T, H, dtype=g_dtype),
+            beta.new_empty(beta.shape), dh0)
+
+
+@kernel_op("gated_delta_chunk_bwd", _bwd_fake)
+def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
+              Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor, A: torch.Tensor,
+              do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int, need_dh0: bool,
+              g_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                             torch.Tensor]:
+    """The saved tensors as chunk_fwd returns them (with the inputs q, k, v, beta); do [B, T, H, V] contiguous;
+    dht [B, H, K, V] or None. Returns dq, dk, dv (input dtypes), dg [B, T, H] in g_dtype, dβ [B, T, H] in beta's
+    dtype, dh0 [B, H, K, V] fp32 (0 elements unless need_dh0). dh is stored in h's dtype (the state_dtype)."""
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    C = chunk_size
+    dA = chunk_bwd_dA(do, v_new, C)
+    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
+    dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, A, do, dht, need_dh0, scale, C, state_dtype=h.dtype)
+    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, h, dh, do, dq_intra, dk_intra, scale, C)
+    dk, dv, dbeta, db_wy = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C)
+    dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
+    return dq, dk, dv, dg.to(g_dtype), dbeta.to(beta.dtype), (dh0 if need_dh0 else absent(q))
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    """Saves the inputs the backward reads and the intermediates, which carry no gradient of their own."""
+    q, k, v, g, beta, scale, _, output_final_state, chunk_size, _ = inputs
+    _, ht, b, Ai, w, h, v_new, A = output
+    ctx.mark_non_differentiable(b, Ai, w, h, v_new, A)
+    ctx.save_for_backward(q, k, v, beta, b, Ai, w, h, v_new, A)
+    ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.has_ht = scale, chunk_size, g.dtype, output_final_state
+
+
+def _backward(ctx, do: torch.Tensor, dht: torch.Tensor | None, *_) -> tuple:
+    # the grads of an absent ht (0 elements) and of the saved intermediates arrive as zeros: ignored
+    do, dht = contiguous(do, dht if ctx.has_ht else None)
+    need_dh0 = ctx.needs_input_grad[6]
+    dq, dk, dv, dg, dbeta, dh0 = chunk_bwd(*ctx.saved_tensors, do, dht, ctx.scale, ctx.chunk_size, need_dh0,
+                                           ctx.g_dtype)
+    return dq, dk, dv, dg, dbeta, None, maybe(dh0, need_dh0), None, None, None
+
+
+chunk_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -79,7 +139,9 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     round h and dh to bf16 for their dots, so o, dq and dv are unchanged; it doubles the saved h, so the op keeps
     the inputs' dtype."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
-    return ChunkGatedDelta.apply(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, state_dtype)
+    o, ht, *_ = chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
+                          state_dtype or k.dtype)
+    return o, maybe(ht, output_final_state)
 
 
 @backend_fn(chunk_sizes=CHUNK_SIZES, plan=plan)

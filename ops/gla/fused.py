@@ -7,11 +7,15 @@
 - `state`: the state passes split into chunk ranges where the (K, V, batch·head) tiles cannot fill the SMs
   (ops/chunkwise/state.py). With `chunk` too, a split forward runs the parallel stages instead of the scan.
 `state` alone runs inside the chunkwise stages; with neither, the op is the `chunk` backend's.
+
+With `chunk`, the mixer is two operators (ops/library.py), chunkfuse::gla_fused_fwd and gla_fused_bwd, so that
+torch.compile traces through it; every tile and path decision is made inside their bodies.
 """
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -26,6 +30,7 @@ from ops.gla.fused_intra import fused_intra_fwd
 from ops.gla.movement import bwd_key_tile, device_model, kernel_tiles, scan_pays
 from ops.gla.scan import MAX_RANGE, fused_scan_fwd
 from ops.gla.scan_bwd import fused_scan_bwd
+from ops.library import absent, contiguous, kernel_op, maybe
 from ops.triton_utils import check_dtypes, check_triton_device
 
 COMPONENTS = ("chunk", "state")
@@ -54,37 +59,89 @@ def scan_forward(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, devi
     return segments == 1 and scan_pays(B, T, H, K, V, C, elem, device_model(device))
 
 
-class FusedScanGLA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, save,
-                max_range):
-        C = sub_block(chunk_size)                           # ctx.chunk_size: the backward works on these too
-        segments = state_segments(k, v, C, split_state)
-        B, T, H, K = q.shape
-        if scan_forward(B, T, H, K, v.shape[-1], C, v.element_size(), q.device, segments):
-            q, k, v = (x.contiguous() for x in (q, k, v))     # once: fused_scan_fwd's own call is then free
-            o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, C, save,
-                                         max_range=max_range, interval=chunk_size)
-            ctx.segments, ctx.scale, ctx.chunk_size = 1, scale, C
-            ctx.has_h0, ctx.g_dtype = initial_state is not None, g.dtype
-        else:
-            q, k, v, b, h, ht = states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state, C,
-                                               split_state)
-            o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, C, max_range), scale, C)
-            h = h[:, :: chunk_size // C].contiguous() if save and chunk_size > C else h
-        ctx.max_range, ctx.interval = max_range, chunk_size
-        if save:
-            ctx.save_for_backward(q, k, v, b, h)
-        return o, ht
+def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, save, max_range):
+    B, T, H, V = v.shape
+    K, NT = q.shape[-1], -(-T // chunk_size)
+    ht = v.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else absent(v)
+    if not save:
+        return v.new_empty(B, T, H, V), ht, absent(v), absent(v)
+    return (v.new_empty(B, T, H, V), ht, g.new_empty(B, T, H, g.shape[-1], dtype=torch.float32),
+            v.new_empty(B, NT, H, K, V))
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, b, h = ctx.saved_tensors
-        if ctx.interval > ctx.chunk_size:
-            h = chunk_fwd_h_from(k, v, b, h, ctx.chunk_size, ctx.interval)
-        do, dh, dh0 = states_backward(ctx, q, b, do, dht)
-        dq, dk, dv, db = fused_scan_bwd(q, k, v, b, h, do, dh, ctx.scale, ctx.chunk_size, ctx.max_range)
-        return input_grads(ctx, dq, dk, dv, db, dh0) + (None, None)
+
+@kernel_op("gla_fused_fwd", fake=_fwd_fake)
+def gla_fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
+                  initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int, split_state: bool,
+                  save: bool, max_range: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward: scan.py's one launch, or the parallel stages with fused_intra's scores (scan_forward decides,
+    here, from the shapes and the device). q, k, g: [B, T, H, K]; v: [B, T, H, V]. Returns o [B, T, H, V] (v's
+    dtype), the final state [B, H, K, V] fp32 (0 elements unless asked), and with `save` the backward's b
+    [B, T, H, K] fp32 (cumsum of g local to each sub-block) and h [B, cdiv(T, chunk_size), H, K, V] (v's dtype;
+    the state entering every chunk_size-th row), else 0 elements each."""
+    C = sub_block(chunk_size)
+    segments = state_segments(k, v, C, split_state)
+    B, T, H, K = q.shape
+    if scan_forward(B, T, H, K, v.shape[-1], C, v.element_size(), q.device, segments):
+        o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, C, save,
+                                     max_range=max_range, interval=chunk_size)
+    else:
+        q, k, v, b, h, ht = states_forward(SimpleNamespace(), q, k, v, g, scale, initial_state, output_final_state,
+                                           C, split_state)
+        o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, C, max_range), scale, C)
+        h = h[:, :: chunk_size // C].contiguous() if save and chunk_size > C else h
+    ht = absent(v) if ht is None else ht
+    return (o, ht, b, h) if save else (o, ht, absent(v), absent(v))
+
+
+def _bwd_fake(q, k, v, b, h, do, dht, scale, has_h0, chunk_size, split_state, max_range, g_dtype):
+    B, T, H, V = v.shape
+    dh0 = v.new_empty(B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), b.new_empty(b.shape, dtype=g_dtype), dh0
+
+
+@kernel_op("gla_fused_bwd", fake=_bwd_fake)
+def gla_fused_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
+                  do: torch.Tensor, dht: torch.Tensor | None, scale: float, has_h0: bool, chunk_size: int,
+                  split_state: bool, max_range: float, g_dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward from the forward's inputs q, k, v and outputs b, h: the dh pass (split as the forward's
+    state pass was), the states of the sub-blocks between the kept ones when chunk_size > SUB_BLOCK, then
+    scan_bwd.py per sub-block. Returns dq, dk, dv (their inputs' shapes and dtypes), dg [B, T, H, K] (g_dtype)
+    and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
+    C = sub_block(chunk_size)
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    # the forward's scan ran only where the state pass is not split, so this is its segment count on both paths
+    ctx = SimpleNamespace(scale=scale, chunk_size=C, has_h0=has_h0, g_dtype=g_dtype,
+                          segments=state_segments(k, v, C, split_state))
+    if chunk_size > C:
+        h = chunk_fwd_h_from(k, v, b, h, C, chunk_size)
+    do, dh, dh0 = states_backward(ctx, q, b, do, dht)
+    dq, dk, dv, db = fused_scan_bwd(q, k, v, b, h, do, dh, scale, C, max_range)
+    dq, dk, dv, dg, _, dh0 = input_grads(ctx, dq, dk, dv, db, dh0)[:6]
+    return dq, dk, dv, dg, absent(dv) if dh0 is None else dh0
+
+
+def _setup(ctx, inputs, output) -> None:
+    q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, save, max_range = inputs
+    _, _, b, h = output
+    ctx.save_for_backward(q, k, v, b, h)        # q, k, v as given (views of a projection, say): no copies kept
+    ctx.mark_non_differentiable(b, h)
+    ctx.scale, ctx.chunk_size, ctx.split_state, ctx.max_range = scale, chunk_size, split_state, max_range
+    ctx.save = save
+    ctx.has_h0, ctx.wants_ht, ctx.g_dtype = initial_state is not None, output_final_state, g.dtype
+
+
+def _backward(ctx, do, dht, db, dh):
+    if not ctx.save:
+        raise RuntimeError("gla_fused_fwd ran with save=False: it kept nothing for a backward")
+    q, k, v, b, h = ctx.saved_tensors
+    do, dht = contiguous(do, dht if ctx.wants_ht else None)
+    dq, dk, dv, dg, dh0 = gla_fused_bwd(q, k, v, b, h, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
+                                        ctx.split_state, ctx.max_range, ctx.g_dtype)
+    return dq, dk, dv, dg, None, maybe(dh0, ctx.has_h0), None, None, None, None, None
+
+
+gla_fused_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, scale: float,
@@ -100,13 +157,14 @@ def fused_chunk_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch
         gk = gk.expand(*gk.shape[:-1], q.shape[-1])
     # what the backward needs is stored only when there will be one
     save = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, gk, initial_state))
-    return FusedScanGLA.apply(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state, save,
-                              max_range)
+    o, ht = gla_fused_fwd(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state, save,
+                          float(max_range))[:2]
+    return o, maybe(ht, output_final_state)
 
 
 def plan(fuse_chunk: bool, split_state: bool, device: torch.device, B: int, T: int, H: int, K: int, V: int,
          chunk_size: int, dtype: torch.dtype, **_) -> str:
-    """What the op with these components launches at these dims, decided as FusedScanGLA decides it."""
+    """What the op with these components launches at these dims, decided as gla_fused_fwd decides it."""
     if not fuse_chunk:
         return stages_plan(device, B, T, H, K, V, chunk_size, split_state)
     C = sub_block(chunk_size)

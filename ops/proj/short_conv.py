@@ -15,6 +15,11 @@ dpre once per shift s = 0..W−1 (again from x, cache-resident); dweight and dbi
 sums over the block's own rows, written to [programs, C, W] / [programs, C] fp32 buffers and summed in
 PyTorch (no atomics: deterministic). L2-norm backward per head, n = y / max(‖y‖, eps):
 dy = (dn − n (n·dn)) / ‖y‖ where ‖y‖ > eps, else dn / eps.
+
+The kernels are launched only from the operators chunkfuse::short_conv_fwd and chunkfuse::short_conv_bwd
+(ops/library.py), which torch.compile(fullgraph=True) traces as opaque calls: their fake implementations give
+contiguous outputs of the input's shape, like the real ones. The backward operator takes x as the forward saved
+it (its strides included) and returns dx, dweight and dbias (0 elements without a bias).
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from ops.library import absent, contiguous, kernel_op, maybe
 
 EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py uses it
 MAX_WIDTH = 8
@@ -132,39 +139,69 @@ def conv_plan(C: int, head_dim: int | None, device: torch.device) -> str:
     return f"{t['BT']} rows x {t['NH']} head(s) of {t['HD']} channels per program, {blocks} channel blocks"
 
 
-class ShortConvFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, head_dim, out_dtype):
-        """x [B, T, C] with unit channel stride; weight [C, W] contiguous; bias (C,) or None."""
-        B, T, C = x.shape
-        tiles, nc = _tiles(C, head_dim, x.is_cuda)
-        y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
-        warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
-        grid = (triton.cdiv(T, tiles["BT"]), nc, B)
-        short_conv_fwd_kernel[grid](x, weight, weight if bias is None else bias, y, T, C, x.stride(0), x.stride(1),
-                                    EPS, W=weight.shape[1], HAS_BIAS=bias is not None, NORM=head_dim is not None,
-                                    **tiles, **warps)
-        ctx.save_for_backward(x, weight, bias)
-        ctx.head_dim = head_dim
-        return y
+def _fwd_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, head_dim: int | None,
+              out_dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=out_dtype)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
-    def backward(ctx, dy):
-        x, weight, bias = ctx.saved_tensors
-        B, T, C = x.shape
-        W = weight.shape[1]
-        tiles, nc = _tiles(C, ctx.head_dim, x.is_cuda)
-        nt = triton.cdiv(T, tiles["BT"])
-        dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
-        dw = torch.empty(B * nt, C, W, device=x.device, dtype=torch.float32)       # every program writes its row
-        db = torch.empty(B * nt, C, device=x.device, dtype=torch.float32) if bias is not None else dw
-        warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
-        short_conv_bwd_kernel[(nt, nc, B)](x, weight, weight if bias is None else bias, dy.contiguous(), dx, dw, db,
-                                           T, C, x.stride(0), x.stride(1), EPS, W=W, HAS_BIAS=bias is not None,
-                                           NORM=ctx.head_dim is not None, **tiles, **warps)
-        dbias = db.sum(0).to(bias.dtype) if bias is not None else None
-        return dx, dw.sum(0).to(weight.dtype), dbias, None, None
+
+@kernel_op("short_conv_fwd", _fwd_fake)
+def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, head_dim: int | None,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    """x [B, T, C] with unit channel stride (any row and batch stride); weight [C, W] contiguous; bias (C,)
+    contiguous or None → y [B, T, C] contiguous in out_dtype (fp32 math)."""
+    B, T, C = x.shape
+    tiles, nc = _tiles(C, head_dim, x.is_cuda)
+    y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
+    warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
+    grid = (triton.cdiv(T, tiles["BT"]), nc, B)
+    short_conv_fwd_kernel[grid](x, weight, weight if bias is None else bias, y, T, C, x.stride(0), x.stride(1),
+                                EPS, W=weight.shape[1], HAS_BIAS=bias is not None, NORM=head_dim is not None,
+                                **tiles, **warps)
+    return y
+
+
+def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              head_dim: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    db = absent(weight) if bias is None else bias.new_empty(bias.shape)
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), db
+
+
+@kernel_op("short_conv_bwd", _bwd_fake)
+def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   head_dim: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy [B, T, C]; x, weight, bias as short_conv_fwd's (x as saved: the forward's strided input) → dx [B, T, C]
+    in x's dtype, dweight [C, W] in weight's, dbias (C,) in bias's (0 elements without a bias), all contiguous.
+    The pre-activation is recomputed from x; dweight and dbias are the fp32 per-program partial sums, summed here."""
+    B, T, C = x.shape
+    W = weight.shape[1]
+    tiles, nc = _tiles(C, head_dim, x.is_cuda)
+    nt = triton.cdiv(T, tiles["BT"])
+    dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
+    dw = torch.empty(B * nt, C, W, device=x.device, dtype=torch.float32)       # every program writes its row
+    db = torch.empty(B * nt, C, device=x.device, dtype=torch.float32) if bias is not None else dw
+    warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
+    short_conv_bwd_kernel[(nt, nc, B)](x, weight, weight if bias is None else bias, dy.contiguous(), dx, dw, db,
+                                       T, C, x.stride(0), x.stride(1), EPS, W=W, HAS_BIAS=bias is not None,
+                                       NORM=head_dim is not None, **tiles, **warps)
+    dbias = db.sum(0).to(bias.dtype) if bias is not None else absent(weight)
+    return dx, dw.sum(0).to(weight.dtype), dbias
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias, head_dim, _ = inputs
+    ctx.save_for_backward(x, weight, bias)            # x as given: a view of the wider GEMM output, not a copy
+    ctx.head_dim = head_dim
+
+
+def _backward(ctx, dy: torch.Tensor) -> tuple:
+    """No second-order terms: short_conv_bwd has no gradient of its own, so a double backward raises."""
+    x, weight, bias = ctx.saved_tensors
+    (dy,) = contiguous(dy)
+    dx, dw, db = short_conv_bwd(dy, x, weight, bias, ctx.head_dim)
+    return dx, dw, maybe(db, bias is not None), None, None
+
+
+short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def short_conv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -202,5 +239,5 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise RuntimeError("short_conv: the Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 on CPU)")
     if B == 0 or T == 0 or C == 0:
         raise ValueError(f"short_conv: empty input {tuple(x.shape)}")
-    return ShortConvFn.apply(x, weight.contiguous(), None if bias is None else bias.contiguous(), head_dim,
-                             out_dtype or x.dtype)
+    return short_conv_fwd(x, weight.contiguous(), None if bias is None else bias.contiguous(), head_dim,
+                          out_dtype or x.dtype)

@@ -8,15 +8,21 @@ the compute dtype, the rank-L `low` = xc W_downᵀ and gk = logsigmoid(low W_up�
 GEMM xc W_catᵀ writes q, k, v, r, each contiguous as [B, T, H, D].
 Backward: one Triton kernel recomputes z from low and reduces dz = dgk·σ(−z)/normalizer in registers into
 partials of dlow = dz W_up, dW_up = dzᵀ low and db (dz never reaches HBM); dx = [dq | dk | dv | dr | dlow] W_cat,
-one GEMM, rounded once; the five dW_s = dA_sᵀ x by cuBLAS, fp32 straight from the accumulator. Saved: xc, low and
-W_cat (PyTorch's chain keeps five casts of x and the fp32 logsigmoid input).
+one GEMM, rounded once; the five dW_s = dA_sᵀ x by cuBLAS, fp32 straight from the accumulator. Saved: xc (x itself
+when no cast is needed), low and W_cat (PyTorch's chain keeps five casts of x and the fp32 logsigmoid input).
 
-The two big GEMMs each have two engines. The op runs the forward by cuBLAS (`mm_gemm`: one mm per slice into its
-place) and dx by our Triton kernel (`triton_dgrad`: one K loop per gradient, so the five gradients need no
-concatenation and dx is written once; persistent and by TMA on Hopper, by pointer loads elsewhere).
-`TritonProjIn` runs the forward by our wide Triton GEMM too (its epilogue stores each column into its slice,
-reading x once); `CatProjIn` runs dx by cuBLAS over the concatenated gradients (`cat_dgrad`). Every engine pair is
-tested against the oracle; scripts/bench_ops.py times them side by side.
+The two big GEMMs each have two engines, named in ENGINES. `library`, the op's: the forward by cuBLAS (`mm_gemm`:
+one mm per slice) and dx by our Triton kernel (`triton_dgrad`: one K loop per gradient, so the five gradients need
+no concatenation and dx is written once; persistent and by TMA on Hopper, by pointer loads elsewhere). `triton`
+runs the forward by our wide Triton GEMM too (its epilogue stores each column into its slice of one buffer, reading
+x once; the four blocks are then copied out, see below); `cat` runs dx by cuBLAS over the concatenated gradients
+(`cat_dgrad`). Every engine pair is tested against the oracle; scripts/bench_ops.py times them side by side.
+
+The kernels are launched only from the operators chunkfuse::proj_in_fwd (weight casts, prologue, forward GEMM)
+and chunkfuse::proj_in_bwd (gk backward, dx, dW), which torch.compile(fullgraph=True) traces as opaque calls
+(ops/library.py); the engine is their `engine` argument, the compute dtype is chosen outside them (`launch`).
+An operator's outputs may not share storage, so q, k, v, r are four tensors of their own (the `triton` engine
+copies them out of its kernel's one buffer); the shapes and strides are the ones the mixer always got.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ops import backend_fn
+from ops.library import absent, contiguous, kernel_op
 from ops.proj.gemm import INTERPRET_TILES, launch_gemm
 from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
 from ops.triton_utils import check_dtypes, check_triton_device, dot_precision
@@ -102,20 +109,23 @@ def cast_weights(ws: tuple[torch.Tensor, ...], w_up: torch.Tensor,
     return w_cat, wu
 
 
-def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, HK: int, HV: int) -> None:
-    """xc [M, d], w_cat [N, d] (one dtype) → out (q, k, v, r blocks, M·(2HK + 2HV) elements); low is the
-    prologue's, so W_cat's last L rows are not read."""
+def wide_gemm(xc: torch.Tensor, w_cat: torch.Tensor, HK: int, HV: int) -> list[torch.Tensor]:
+    """xc [M, d], w_cat [N, d] (one dtype) → q, k [M, HK], v, r [M, HV], each its own contiguous tensor. The kernel
+    writes one buffer (the four blocks back to back, kernels.py) reading x once; each block is then copied out of
+    it, since an operator's outputs may not share storage. low is the prologue's: W_cat's last L rows are not read."""
     M, D = xc.shape
+    out = torch.empty(M * (2 * HK + 2 * HV), device=xc.device, dtype=xc.dtype)
     launch_gemm(_gemm_tuned, gemm_in_kernel, M, 2 * HK + 2 * HV, (xc, w_cat, out, M, D, HK, HV), xc,
                 PREC=dot_precision(xc))
+    bounds = [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
+    return [out[M * a:M * b].view(M, b - a).clone() for a, b in zip(bounds, bounds[1:])]
 
 
-def mm_gemm(xc: torch.Tensor, w_cat: torch.Tensor, out: torch.Tensor, HK: int, HV: int) -> None:
-    """wide_gemm's contract by cuBLAS: one mm per slice, each written into its place (x is read four times)."""
-    M, bounds = xc.shape[0], [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
+def mm_gemm(xc: torch.Tensor, w_cat: torch.Tensor, HK: int, HV: int) -> list[torch.Tensor]:
+    """wide_gemm's contract by cuBLAS: one mm per slice, each into its own tensor (x is read four times)."""
+    bounds = [0, HK, 2 * HK, 2 * HK + HV, 2 * HK + 2 * HV]
     with torch.autocast(xc.device.type, enabled=False):
-        for a, b in zip(bounds, bounds[1:]):
-            torch.mm(xc, w_cat[a:b].t(), out=out[M * a:M * b].view(M, b - a))
+        return [torch.mm(xc, w_cat[a:b].t()) for a, b in zip(bounds, bounds[1:])]
 
 
 def cat_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: int, out_dtype: torch.dtype) -> torch.Tensor:
@@ -235,56 +245,93 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
     return dlow_p.sum(0).to(low.dtype), dwu_p.sum(0).t().contiguous().to(w_dtype), db_p.sum(0)
 
 
-class FusedProjIn(torch.autograd.Function):
-    """x [M, d] in any float dtype, the seven parameters as nn.Linear holds them → q, k [M, HK], v, r [M, HV] in
-    `dtype` (views of one buffer) and gk [M, HK] fp32. `gemm` and `dgrad` are the two big GEMMs' engines (see the
-    module docstring; the subclasses below swap them); everything else is shared."""
-    gemm = staticmethod(mm_gemm)
-    dgrad = staticmethod(triton_dgrad)
+# The engine pairs by name (the operators' `engine` argument): the forward GEMM and dx (module docstring).
+ENGINES = {"library": (mm_gemm, triton_dgrad), "triton": (wide_gemm, triton_dgrad), "cat": (mm_gemm, cat_dgrad)}
+FusedProjIn, TritonProjIn, CatProjIn = "library", "triton", "cat"      # the engines' names, as `launch` takes them
 
-    @staticmethod
-    def forward(ctx, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, inv_norm):
-        M = x.shape[0]
-        HK, HV, _, _ = widths(w_q, w_v, w_down)
-        w_cat, wu = cast_weights((w_q, w_k, w_v, w_r, w_down), w_up, dtype)
-        # the one cast of x (PyTorch's chain casts it five times), low and gk, in one pass
-        xc, low, gk = prologue(x, w_cat[2 * HK + 2 * HV:], wu, b_up, inv_norm, dtype)
-        out = torch.empty(M * (2 * HK + 2 * HV), device=x.device, dtype=dtype)
-        ctx._forward_cls.gemm(xc, w_cat, out, HK, HV)    # the subclass's engine (the class applied)
-        ctx.save_for_backward(xc, low, w_cat, wu, b_up)
-        ctx.inv_norm, ctx.x_dtype = inv_norm, x.dtype
-        ctx.w_dtypes = [w.dtype for w in (w_q, w_k, w_v, w_r, w_down, w_up)]
-        q, k, v, r = (out[M * a:M * b].view(M, b - a) for a, b in
-                      ((0, HK), (HK, 2 * HK), (2 * HK, 2 * HK + HV), (2 * HK + HV, 2 * HK + 2 * HV)))
-        return q, k, v, gk, r
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
-    def backward(ctx, dq, dk, dv, dgk, dr):
-        xc, low, w_cat, wu, b_up = ctx.saved_tensors
-        HK = wu.shape[0]
-        HV = (w_cat.shape[0] - 2 * HK - low.shape[1]) // 2
-        dlow, dw_up, db = gk_bwd(low, wu, b_up, dgk.float().contiguous(), ctx.inv_norm, ctx.w_dtypes[5])
-        grads = [g.to(xc.dtype).contiguous() for g in (dq, dk, dv, dr)] + [dlow]
-        dx = ctx._forward_cls.dgrad(grads, w_cat, HK, HV, ctx.x_dtype)
-        dws = [wgrad(g, xc, wd) for g, wd in zip(grads, ctx.w_dtypes)]
-        return (dx, *dws, dw_up, db.to(b_up.dtype), None, None)
+Tensors9 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                 torch.Tensor, torch.Tensor]
+Tensors8 = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                 torch.Tensor]
 
 
-class TritonProjIn(FusedProjIn):
-    """The same op with the forward GEMM by our wide Triton kernel too."""
-    gemm = staticmethod(wide_gemm)
+def _fwd_fake(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
+              w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dtype: torch.dtype, inv_norm: float,
+              engine: str) -> Tensors9:
+    (M, d), (HK, HV, L, starts) = x.shape, widths(w_q, w_v, w_down)
+    new = lambda *shape, dt=dtype: x.new_empty(shape, dtype=dt)                                 # noqa: E731
+    xc = absent(x) if x.dtype == dtype else new(M, d)
+    return new(M, HK), new(M, HK), new(M, HV), new(M, HK, dt=torch.float32), new(M, HV), xc, new(M, L), \
+        new(starts[-1], d), new(HK, L)
 
 
-class CatProjIn(FusedProjIn):
-    """The same op with dx by cuBLAS over the concatenated gradients."""
-    dgrad = staticmethod(cat_dgrad)
+@kernel_op("proj_in_fwd", _fwd_fake)
+def proj_in_fwd(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
+                w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dtype: torch.dtype, inv_norm: float,
+                engine: str) -> Tensors9:
+    """x [M, d] contiguous in any float dtype, the seven parameters as nn.Linear holds them, dtype the GEMMs' →
+    q, k [M, HK], v, r [M, HV] in dtype and gk [M, HK] fp32 (each its own contiguous tensor), then what the
+    backward needs: xc [M, d] (x in dtype; 0 elements when x already is, the backward then keeps x), low [M, L],
+    W_cat [N, d] and W_up [HK, L], all in dtype. engine: a key of ENGINES, picking the forward GEMM."""
+    HK, HV, _, _ = widths(w_q, w_v, w_down)
+    w_cat, wu = cast_weights((w_q, w_k, w_v, w_r, w_down), w_up, dtype)     # buffers of the op's own
+    # the one cast of x (PyTorch's chain casts it five times), low and gk, in one pass
+    xc, low, gk = prologue(x, w_cat[2 * HK + 2 * HV:], wu, b_up, inv_norm, dtype)
+    q, k, v, r = ENGINES[engine][0](xc, w_cat, HK, HV)
+    return q, k, v, gk, r, absent(x) if x.dtype == dtype else xc, low, w_cat, wu
 
 
-def launch(fn: type[torch.autograd.Function], x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
-           w_v: torch.Tensor, w_r: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor,
-           n_heads: int, normalizer: float) -> tuple[torch.Tensor, ...]:
-    """Checks proj_in's arguments and applies `fn` (FusedProjIn, or a benchmark's variant of it) to x as [B·T, d]."""
+def _bwd_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dgk: torch.Tensor, dr: torch.Tensor,
+              xc: torch.Tensor, low: torch.Tensor, w_cat: torch.Tensor, wu: torch.Tensor, b_up: torch.Tensor,
+              inv_norm: float, x_dtype: torch.dtype, w_dtype: torch.dtype, engine: str) -> Tensors8:
+    (M, d), (HK, L), HV = xc.shape, wu.shape, dv.shape[1]
+    return (xc.new_empty((M, d), dtype=x_dtype), *(xc.new_empty((n, d), dtype=w_dtype) for n in (HK, HK, HV, HV, L)),
+            wu.new_empty((HK, L), dtype=w_dtype), b_up.new_empty(b_up.shape))
+
+
+@kernel_op("proj_in_bwd", _bwd_fake)
+def proj_in_bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dgk: torch.Tensor, dr: torch.Tensor,
+                xc: torch.Tensor, low: torch.Tensor, w_cat: torch.Tensor, wu: torch.Tensor, b_up: torch.Tensor,
+                inv_norm: float, x_dtype: torch.dtype, w_dtype: torch.dtype, engine: str) -> Tensors8:
+    """dq, dk [M, HK], dv, dr [M, HV] (the autograd formula passes them contiguous in xc's dtype, dgk [M, HK]
+    contiguous fp32; anything else is cast here); xc (x in the GEMMs' dtype), low, W_cat, W_up as saved, b_up →
+    dx [M, d] in x_dtype, dW_q, dW_k, dW_v, dW_r, dW_down ([rows, d]) and dW_up [HK, L] in w_dtype, db [HK] in b_up's
+    dtype, all contiguous. engine: a key of ENGINES, picking dx's GEMM."""
+    HK, HV = wu.shape[0], dv.shape[1]
+    dlow, dw_up, db = gk_bwd(low, wu, b_up, dgk.float().contiguous(), inv_norm, w_dtype)
+    grads = [g.to(xc.dtype).contiguous() for g in (dq, dk, dv, dr)] + [dlow]
+    dx = ENGINES[engine][1](grads, w_cat, HK, HV, x_dtype)
+    dws = [wgrad(g, xc, w_dtype) for g in grads]
+    return (dx, *dws, dw_up, db.to(b_up.dtype))
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, inv_norm, engine = inputs
+    xc, low, w_cat, wu = output[5:]
+    ctx.mark_non_differentiable(xc, low, w_cat, wu)
+    ctx.save_for_backward(x if x.dtype == dtype else xc, low, w_cat, wu, b_up)   # x itself: no copy of it
+    ctx.inv_norm, ctx.x_dtype, ctx.engine = inv_norm, x.dtype, engine
+    ctx.w_dtypes = [w.dtype for w in (w_q, w_k, w_v, w_r, w_down, w_up)]
+
+
+def _backward(ctx, dq, dk, dv, dgk, dr, *_) -> tuple:
+    """The weights' gradients come back in w_q's dtype and are cast to each weight's (no-ops when they agree, as in
+    the model). No second-order terms: proj_in_bwd has no gradient of its own, so a double backward raises."""
+    xc, low, w_cat, wu, b_up = ctx.saved_tensors
+    grads = contiguous(*(g.to(xc.dtype) for g in (dq, dk, dv)), dgk.float(), dr.to(xc.dtype))
+    dx, *dws, db = proj_in_bwd(*grads, xc, low, w_cat, wu, b_up, ctx.inv_norm, ctx.x_dtype, ctx.w_dtypes[0],
+                               ctx.engine)
+    return (dx, *(g.to(dt) for g, dt in zip(dws, ctx.w_dtypes)), db, None, None, None)
+
+
+proj_in_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def launch(engine: str, x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor,
+           w_r: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
+           normalizer: float) -> tuple[torch.Tensor, ...]:
+    """Checks proj_in's arguments and applies the operator proj_in_fwd with `engine` (a key of ENGINES) to x as
+    [B·T, d]. The compute dtype (autocast's, which does not reach an operator's inputs) is chosen here."""
     from ops import BackendError
 
     B, T, d = x.shape
@@ -302,9 +349,12 @@ def launch(fn: type[torch.autograd.Function], x: torch.Tensor, w_q: torch.Tensor
         raise BackendError(f"op 'proj_in', backend 'fused': gate low rank {L} > {MAX_RANK} (the gk kernels keep "
                            f"[rows, rank] tiles in registers); use gate_low_rank ≤ {MAX_RANK} or drop 'proj' "
                            "from --fuse")
+    if engine not in ENGINES:
+        raise ValueError(f"proj_in: engine {engine!r} is not one of {', '.join(ENGINES)}")
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-    q, k, v, gk, r = fn.apply(x.reshape(B * T, d), w_q, w_k, w_v, w_r, w_down, w_up, b_up, dtype, 1.0 / normalizer)
+    q, k, v, gk, r, *_ = proj_in_fwd(x.reshape(B * T, d).contiguous(), w_q, w_k, w_v, w_r, w_down, w_up,
+                                     b_up.contiguous(), dtype, 1.0 / normalizer, engine)
     return q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), gk.view(B, T, H, -1), r.view(B, T, HV)
 
 
@@ -316,21 +366,21 @@ def proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Te
     w_up [H·K, L]; b_up [H·K] → q, k [B, T, H, K], v [B, T, H, V] (x's dtype, or autocast's), gk [B, T, H, K]
     fp32, r [B, T, H·V]. Any K, V, L ≤ 64 (tiles are masked)."""
     check_dtypes("proj_in", "fused", x, w_q)
-    return launch(FusedProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
+    return launch("library", x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
 
 
 def proj_in_cat(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
                 w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
                 normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
-    """proj_in with CatProjIn's engines (tested and timed beside the library's)."""
-    return launch(CatProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
+    """proj_in with the `cat` engines, dx by cuBLAS (tested and timed beside the library's)."""
+    return launch("cat", x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
 
 
 def proj_in_triton(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
                    w_down: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, n_heads: int,
                    normalizer: float = 16.0) -> tuple[torch.Tensor, ...]:
-    """proj_in with the Triton engines (TritonProjIn): tested against the oracle like the op's own engines."""
-    return launch(TritonProjIn, x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
+    """proj_in with the `triton` engines, both GEMMs ours: tested against the oracle like the op's own engines."""
+    return launch("triton", x, w_q, w_k, w_v, w_r, w_down, w_up, b_up, n_heads, normalizer)
 
 
 def build(fuse: frozenset[str]) -> Callable:

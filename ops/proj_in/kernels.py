@@ -3,9 +3,10 @@
 Rows m = (b, t) flattened, M = B·T; d the model width; HK = H·K, HV = H·V, L the decay's low rank.
 W_cat = [W_q; W_k; W_v; W_r; W_down] is a row-major [N, d] bf16 copy of the five weights (N = 2HK + 2HV + L),
 so output column c of x W_catᵀ belongs to slice q (c < HK), k (< 2HK), v (< 2HK + HV), r (< C4 = 2HK + 2HV)
-or low (< N; the prologue computes it). q, k, v, r live back to back in one buffer `out`, each a contiguous
-[M, width] block (slice s starts at element M·start_s), so each is the contiguous [B, T, H, D] tensor the mixer
-wants.
+or low (< N; the prologue computes it). gemm_in_kernel writes q, k, v, r back to back into one buffer `out`,
+each a contiguous [M, width] block (slice s starts at element M·start_s); fused.py's `triton` engine copies each
+block into a tensor of its own (an operator's outputs may not share storage), the contiguous [B, T, H, D] tensor
+the mixer wants.
 
     prologue_kernel  one pass over x: xc = bf16(x), low = xc W_downᵀ, gk = logsigmoid(low W_upᵀ + b) / normalizer
     gemm_in_kernel   xc[M, d] W_cat[:C4]ᵀ → q, k, v, r (out), each written once

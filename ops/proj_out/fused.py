@@ -15,7 +15,13 @@ PyTorch's chain keeps normed, silu(r) and g as well.
 
 Under autocast the op computes in the autocast dtype, as F.linear would (o, r and W_o cast to it; the norm weight
 stays fp32 inside the kernels); its output takes the residual's dtype (fp32 in the model's residual stream), like
-`residual + y` does.
+`residual + y` does. The compute dtype is chosen in `launch`, outside the operators (autocast does not reach an
+operator's inputs).
+
+The kernels are launched only from the operators chunkfuse::proj_out_fwd (gate kernel, GEMM) and
+chunkfuse::proj_out_bwd (both cuBLAS GEMMs and the gate backward kernel), which torch.compile(fullgraph=True)
+traces as opaque calls (ops/library.py): Inductor never compiles the kernels, which are launched by plain Triton
+(eps an fp32 scalar). Their fake implementations give the real outputs' shapes, dtypes and contiguous strides.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import torch
 import triton
 
 from ops import backend_fn
+from ops.library import contiguous, kernel_op
 from ops.proj.gemm import launch_gemm
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
 from ops.triton_utils import check_dtypes, check_triton_device, dot_precision
@@ -120,34 +127,64 @@ def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tenso
     return g, do, dr, dnw.sum(0)
 
 
-class FusedProjOut(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, o, r, nw, w, res, eps, V, gate_first):
-        """o, r: [M, H·V] in the compute dtype (o contiguous, r with unit column stride: it is saved as
-        given, a view of the input projection's output where the model passes one); nw (V,); w [N, H·V];
-        res [M, N] or None."""
-        out_dtype = res.dtype if res is not None else w.dtype
-        y = gemm_res(gate_fwd(o, r, nw.float(), eps, V, gate_first), w, res, out_dtype)
-        ctx.save_for_backward(o, r, nw, w)
-        ctx.eps, ctx.V, ctx.has_res, ctx.gate_first = eps, V, res is not None, gate_first
-        return y
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
-    def backward(ctx, dy):
-        o, r, nw, w = ctx.saved_tensors
-        dyc = dy.to(w.dtype).contiguous()             # the GEMMs' operand dtype: the one cast of fp32 dy (autocast)
-        dg = dyc @ w                                  # dg = dy W_o: [M, H·V], cuBLAS
-        g, do, dr, dnw = gate_bwd(dg, o, r, nw.float(), ctx.eps, ctx.V, ctx.gate_first)
-        del dg                                        # freed before dW_o's GEMM allocates its output
-        dw = dyc.t() @ g                              # dW_o = dyᵀ g: [N, H·V], cuBLAS
-        return do, dr, dnw.to(nw.dtype), dw, (dy if ctx.has_res else None), None, None, None
+def _fwd_fake(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None,
+              eps: float, V: int, gate_first: bool) -> torch.Tensor:
+    return o.new_empty((o.shape[0], w.shape[0]), dtype=res.dtype if res is not None else w.dtype)
 
 
-def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor,
+@kernel_op("proj_out_fwd", _fwd_fake)
+def proj_out_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None,
+                 eps: float, V: int, gate_first: bool) -> torch.Tensor:
+    """o, r: [M, H·V] in the compute dtype (o contiguous, r with unit column stride, any row stride); nw (V,);
+    w [N, H·V] contiguous, the compute dtype; res [M, N] contiguous or None → y = gate(o, r)·W_oᵀ (+ res), [M, N]
+    contiguous in res's dtype (w's without a residual). The gated input g is formed once and dropped."""
+    out_dtype = res.dtype if res is not None else w.dtype
+    return gemm_res(gate_fwd(o, r, nw.float(), eps, V, gate_first), w, res, out_dtype)
+
+
+def _bwd_fake(dy: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, eps: float,
+              V: int, gate_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return o.new_empty(o.shape), o.new_empty(o.shape), nw.new_empty(nw.shape), w.new_empty(w.shape)
+
+
+@kernel_op("proj_out_bwd", _bwd_fake)
+def proj_out_bwd(dy: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, eps: float,
+                 V: int, gate_first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dy [M, N] (the autograd formula passes it contiguous in w's dtype; anything else is cast here); o, r, nw, w
+    as proj_out_fwd's (r as saved: the forward's view) → do, dr ([M, H·V], o's dtype), dnw ((V,), nw's dtype; fp32
+    partial sums) and dW_o ([N, H·V], w's dtype), all contiguous. dg = dy W_o and dW_o = dyᵀ g on cuBLAS, g
+    recomputed by the gate backward kernel."""
+    dyc = dy.to(w.dtype).contiguous()             # a no-op when the formula has cast and laid out dy already
+    dg = dyc @ w                                  # dg = dy W_o: [M, H·V], cuBLAS
+    g, do, dr, dnw = gate_bwd(dg, o, r, nw.float(), eps, V, gate_first)
+    del dg                                        # freed before dW_o's GEMM allocates its output
+    dw = dyc.t() @ g                              # dW_o = dyᵀ g: [N, H·V], cuBLAS
+    return do, dr, dnw.to(nw.dtype), dw
+
+
+def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
+    o, r, nw, w, res, eps, V, gate_first = inputs
+    ctx.save_for_backward(o, r, nw, w)            # r as given: a view of the input projection's output, no copy
+    ctx.eps, ctx.V, ctx.has_res, ctx.gate_first = eps, V, res is not None, gate_first
+
+
+def _backward(ctx, dy: torch.Tensor) -> tuple:
+    """The residual's gradient is dy itself. No second-order terms: proj_out_bwd has no gradient of its own, so a
+    double backward raises."""
+    o, r, nw, w = ctx.saved_tensors
+    (dyc,) = contiguous(dy.to(w.dtype))           # one cast of an fp32 dy (autocast), contiguous for the kernels
+    do, dr, dnw, dw = proj_out_bwd(dyc, o, r, nw, w, ctx.eps, ctx.V, ctx.gate_first)
+    return do, dr, dnw, dw, (dy if ctx.has_res else None), None, None, None
+
+
+proj_out_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def launch(fn: Callable, o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor,
            w_o: torch.Tensor, residual: torch.Tensor | None, eps: float, gate_first: bool = False) -> torch.Tensor:
-    """Checks and casts proj_out's arguments and applies `fn` (FusedProjOut, or a benchmark's variant of
-    it with the same forward arguments) to the flattened [B·T, …] operands."""
+    """Checks and casts proj_out's arguments and applies `fn` (the operator proj_out_fwd, or a benchmark's variant
+    taking the same forward arguments: a function, or an autograd.Function whose `apply` is used) to the flattened
+    [B·T, …] operands. The compute dtype (autocast's, which does not reach an operator's inputs) is chosen here."""
     from ops import BackendError
 
     B, T, H, V = o.shape
@@ -165,7 +202,8 @@ def launch(fn: type[torch.autograd.Function], o: torch.Tensor, r: torch.Tensor, 
     if r2.stride(1) != 1 or B * T * r2.stride(0) >= 2 ** 31:
         r2 = r2.contiguous()
     res = None if residual is None else residual.reshape(B * T, N).contiguous()
-    y = fn.apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, V, gate_first)
+    apply = fn.apply if isinstance(fn, type) else fn
+    y = apply(o2, r2, norm_weight, w_o.to(dtype).contiguous(), res, eps, V, gate_first)
     return y.view(B, T, N)
 
 
@@ -176,7 +214,7 @@ def proj_out(o: torch.Tensor, r: torch.Tensor, norm_weight: torch.Tensor, w_o: t
     w_o [d, H·V], residual [B, T, d] or None → [B, T, d]; gate_first: the norm after the gate (Mamba-2).
     Any V (a head is padded to a power of two inside the elementwise kernels; sized for V ≤ 4096)."""
     check_dtypes("proj_out", "fused", o, r, w_o)
-    return launch(FusedProjOut, o, r, norm_weight, w_o, residual, eps, gate_first)
+    return launch(proj_out_fwd, o, r, norm_weight, w_o, residual, eps, gate_first)
 
 
 def build(fuse: frozenset[str]) -> Callable:
