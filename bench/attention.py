@@ -59,7 +59,7 @@ def prepare_ramla(case: Case, opts: Options, device: torch.device) -> tuple[dict
         if isinstance(fn, str):
             runs["fused"] = fn
         else:
-            from ops.ramla.fused import FlashRAMLA, far_kernel, latent_queries
+            from ops.ramla.fused import far_kernel, flash_ramla, latent_queries
 
             runs["fused"] = Run("fused", lambda: (fn(**kw),), leaves, names, leaves, fl(proj + scores + band))
             q_lat = latent_queries(kw["q"].detach(), kw["w_ql"].detach()).requires_grad_()
@@ -70,11 +70,11 @@ def prepare_ramla(case: Case, opts: Options, device: torch.device) -> tuple[dict
                                            (0, None))
             core_names = ["o", "q_lat", "k_lat", "v_lat", "alpha"]
             runs["fused core"] = Run(
-                "fused", lambda: (FlashRAMLA.apply(q_lat, kw["k_lat"], kw["v_lat"], kw["alpha"], W, scale,
-                                                   far_kernel(q_lat)),),
+                "fused", lambda: (flash_ramla(q_lat, kw["k_lat"], kw["v_lat"], kw["alpha"], W, scale,
+                                             far_kernel(q_lat)),),
                 core_in, core_names, core_in, fl(scores + band), oracle="core", note="the attention kernels alone")
             runs["fused core, no band"] = Run(
-                "fused", lambda: (FlashRAMLA.apply(q_lat, kw["k_lat"], kw["v_lat"], None, W, scale, None),),
+                "fused", lambda: (flash_ramla(q_lat, kw["k_lat"], kw["v_lat"], None, W, scale, None),),
                 core_in[:3], core_names[:4], core_in[:3], fl(scores), oracle="core, no band",
                 note="plain MLA on the same kernels")
     g = torch.Generator(device=device).manual_seed(3)

@@ -1,8 +1,8 @@
 """torch.compile(model, fullgraph=True) traces a whole training step, forward and backward, on every family and
 backend that runs on a CPU, and the compiled model equals the eager one in fp32.
 
-Each cell: a tiny model, its training loss (`model(x, y, return_logits=False)`), Dynamo's explain (one graph, no
-break), then the model compiled with fullgraph=True through AOTAutograd (`aot_eager_decomp_partition`: the backward
+Each cell: a tiny model and its training loss (`model(x, y, return_logits=False)`), compiled with fullgraph=True
+(any graph break is an error) through AOTAutograd (`aot_eager_decomp_partition`: the backward
 is traced too, without Inductor's CPU code generation, which would cost a minute a cell), whose loss and every
 parameter gradient must be within 1e-5 of eager's. A backend whose kernels are not yet all operators
 (ops/library.py) cannot be traced yet: its cell is skipped, naming what is missing."""
@@ -24,7 +24,7 @@ TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low
 CELLS = ([(f, "naive") for f in TINY] + [(f, "chunk") for f in ("gla", "gated_deltanet", "mamba2")]
          + [(f, "fused") for f in ("gla", "gated_deltanet", "mamba2", "gpt2_ramla")])
 # the cells with a kernel entry point that is not yet an operator, and what it is
-NOT_YET = {("gpt2_ramla", "fused"): "ops/ramla/fused.py's FlashRAMLA"}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 
 def cell(family: str, backend: str):
@@ -46,11 +46,7 @@ def test_a_training_step_compiles_whole_and_equals_eager(family, backend):
     cfg = ModelConfig(**{"family": family, "vocab_size": 61, "n_layers": 1, "mlp_hidden": 64, "chunk_size": 16,
                          **TINY[family], "backend": backend})
     model = build_model(cfg)
-    x, y = torch.randint(0, 61, (2, 20)), torch.randint(0, 61, (2, 20))
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(lambda a, b: model(a, b, return_logits=False))(x, y)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
-
+    x, y = torch.randint(0, 61, (2, 24)), torch.randint(0, 61, (2, 24))      # a full chunk of 16 and a ragged one
     loss, grads = loss_and_grads(model, x, y)
 
     torch._dynamo.reset()

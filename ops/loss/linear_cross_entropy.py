@@ -14,11 +14,17 @@ The GEMM FLOPs are PyTorch's (the backward's two GEMMs move into the forward). R
 well, except dW, which sums per-chunk bf16 products in fp32 rather than rounding one bf16 product. Without grad
 (evaluation) only the loss is computed. Under fp16 autocast the whole-logits chain runs instead (see
 linear_cross_entropy: the 1/N-scaled gradient would underflow in fp16 before the loss scaler's factor).
+
+The chunked forward is the operator chunkfuse::linear_cross_entropy_fwd (ops/library.py), so torch.compile
+(fullgraph=True) traces it as one opaque call through its fake implementation: it returns the loss and dx, dW as
+fresh outputs (marked non-differentiable, saved for the backward, a plain aten scale and cast). The caller decides
+the GEMM dtype (autocast's) and whether to form the gradients (grad mode and requires_grad) and passes both in.
 """
 from __future__ import annotations
 
 import torch
 
+from ops.library import absent, kernel_op
 from ops.loss.cross_entropy import ce_rows
 
 CHUNK = 4096                 # rows per chunk: fp32 logits of 4096 × 50,257 are 823 MB
@@ -41,44 +47,64 @@ def _ce_rows_torch(z: torch.Tensor, t: torch.Tensor, ok: torch.Tensor, inv: torc
     return loss, zf.to(z.dtype)
 
 
-class LinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, targets, dtype, chunk, want_grad):
-        """x [N, d]; weight [vocab, d]; targets (N,) int64 → the mean loss over the targets ≠ IGNORE_INDEX.
-        want_grad: decided by the caller (inside forward grad mode is always off, and ctx.needs_input_grad
-        says only which inputs require grad, also under torch.no_grad())."""
-        xc, wc = x.to(dtype), weight.to(dtype)
-        valid = targets != IGNORE_INDEX
-        count = valid.sum().clamp_min(1)
-        loss = torch.zeros((), device=x.device, dtype=torch.float32)
-        dx = torch.empty_like(xc) if want_grad else None
-        dw = torch.zeros(weight.shape, device=x.device, dtype=torch.float32) if want_grad else None
-        inv = (1.0 / count).float().reshape(1)
-        with torch.autocast(x.device.type, enabled=False):
-            for a in range(0, x.shape[0], chunk):
-                rows = slice(a, a + chunk)
-                z = xc[rows] @ wc.t()                                               # [c, vocab], the GEMM's dtype
-                if z.is_cuda:                  # one kernel: the loss terms, and the gradient written over z
-                    loss += ce_rows(z, targets[rows], inv, want_grad, IGNORE_INDEX).sum()
-                    dz = z
-                else:
-                    step, dz = _ce_rows_torch(z, targets[rows], valid[rows], inv, want_grad)
-                    loss += step
-                if want_grad:
-                    dx[rows] = dz @ wc
-                    dw += (dz.t() @ xc[rows]).float()
-                del z, dz
-        ctx.save_for_backward(dx, dw)
-        ctx.dtypes = x.dtype, weight.dtype
-        return loss / count
+def _fwd_fake(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype, chunk: int,
+              want_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss = x.new_empty((), dtype=torch.float32)
+    if not want_grad:
+        return loss, absent(x), absent(x)
+    return loss, x.new_empty(x.shape, dtype=dtype), x.new_empty(weight.shape, dtype=torch.float32)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        dx, dw = ctx.saved_tensors
-        gx = (dx * grad).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
-        gw = (dw * grad).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
-        return gx, gw, None, None, None, None
+
+@kernel_op("linear_cross_entropy_fwd", _fwd_fake)
+def linear_cross_entropy_fwd(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype,
+                             chunk: int, want_grad: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [N, d]; weight [vocab, d]; targets (N,) int64; dtype: the GEMMs' (autocast's, chosen by the caller) →
+    the mean loss over the targets ≠ IGNORE_INDEX (a 0-dim fp32 tensor) and, with want_grad, its gradients
+    dx [N, d] in `dtype` and dW [vocab, d] fp32 (else two 0-element `absent` tensors), all fresh and contiguous.
+    want_grad is decided by the caller: grad mode is always off inside an operator's body."""
+    xc, wc = x.to(dtype), weight.to(dtype)
+    valid = targets != IGNORE_INDEX
+    count = valid.sum().clamp_min(1)
+    loss = torch.zeros((), device=x.device, dtype=torch.float32)
+    dx = torch.empty(x.shape, device=x.device, dtype=dtype) if want_grad else absent(x)
+    dw = torch.zeros(weight.shape, device=x.device, dtype=torch.float32) if want_grad else absent(x)
+    inv = (1.0 / count).float().reshape(1)
+    # the autocast dispatch key falls through an operator, but its state is still on in the body: off for the GEMMs
+    with torch.autocast(x.device.type, enabled=False):
+        for a in range(0, x.shape[0], chunk):
+            rows = slice(a, a + chunk)
+            z = xc[rows] @ wc.t()                                               # [c, vocab], the GEMM's dtype
+            if z.is_cuda:                      # one kernel: the loss terms, and the gradient written over z
+                loss += ce_rows(z, targets[rows], inv, want_grad, IGNORE_INDEX).sum()
+                dz = z
+            else:
+                step, dz = _ce_rows_torch(z, targets[rows], valid[rows], inv, want_grad)
+                loss += step
+            if want_grad:
+                dx[rows] = dz @ wc
+                dw += (dz.t() @ xc[rows]).float()
+            del z, dz
+    return loss / count, dx, dw
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    x, weight = inputs[:2]
+    _, dx, dw = output
+    ctx.save_for_backward(dx, dw)
+    ctx.mark_non_differentiable(dx, dw)
+    ctx.dtypes = x.dtype, weight.dtype
+
+
+def _backward(ctx, grad: torch.Tensor, _gdx: torch.Tensor | None, _gdw: torch.Tensor | None) -> tuple:
+    """grad: the loss's incoming gradient (0-dim) → the saved dx, dW scaled by it, in the inputs' dtypes. No
+    second-order terms (dx and dW are constants here)."""
+    dx, dw = ctx.saved_tensors
+    gx = (dx * grad).to(ctx.dtypes[0]) if ctx.needs_input_grad[0] else None
+    gw = (dw * grad).to(ctx.dtypes[1]) if ctx.needs_input_grad[1] else None
+    return gx, gw, None, None, None, None
+
+
+linear_cross_entropy_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -94,4 +120,6 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         return torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight).float().flatten(0, -2),
                                                  targets.reshape(-1), ignore_index=IGNORE_INDEX)
     want_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1), dtype, chunk, want_grad)
+    loss, _, _ = linear_cross_entropy_fwd(x.reshape(-1, x.shape[-1]).contiguous(), weight.contiguous(),
+                                          targets.reshape(-1).contiguous(), dtype, chunk, want_grad)
+    return loss

@@ -11,6 +11,12 @@ are exactly the far keys' share. PyTorch's context parallelism merges ring-atten
 
 These are SDPA's private aten ops (the public function returns neither the log-sum-exp nor a backward that
 takes one); tests/ops/test_ramla.py checks them against the naive oracle on every device it runs on.
+
+The fused backend calls `forward` and `backward` from inside its operators (chunkfuse::ramla_fwd, ramla_bwd),
+which keep no context between the two: the backward takes `stand_in_aux` for the forward's aux, which without
+dropout holds nothing SDPA's backward reads. `supports` and `choose` run where torch.compile traces (the caller
+passes their choice to the operators as a str), so the device's compute capability is read through `capability`,
+which Dynamo takes as a constant.
 """
 from __future__ import annotations
 
@@ -20,13 +26,19 @@ aten = torch.ops.aten
 KERNELS = ("cudnn", "flash", "cpu")
 
 
+@torch.compiler.assume_constant_result
+def capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA device's compute capability (a constant of the process, so Dynamo need not trace the query)."""
+    return tuple(torch.cuda.get_device_capability(device))
+
+
 def supports(q: torch.Tensor) -> bool:
     """Whether SDPA has a kernel here that returns the log-sum-exp: the CPU's; on an NVIDIA GPU from Ampere on
     (CUDA, not ROCm) with SDPA's flash or cuDNN kernel enabled, in fp16 or bf16 only."""
     if q.device.type == "cpu":
         return True
     return (q.device.type == "cuda" and torch.version.hip is None and q.dtype in (torch.float16, torch.bfloat16)
-            and torch.cuda.get_device_capability(q.device) >= (8, 0)
+            and capability(q.device) >= (8, 0)
             and (torch.backends.cuda.flash_sdp_enabled() or torch.backends.cuda.cudnn_sdp_enabled()))
 
 
@@ -44,7 +56,7 @@ def choose(q: torch.Tensor, kernel: str) -> str:
         return "cpu"
     deterministic = torch.are_deterministic_algorithms_enabled()
     if kernel == "auto":
-        hopper = torch.cuda.get_device_capability(q.device) >= (9, 0)
+        hopper = capability(q.device) >= (9, 0)
         flash_on = torch.backends.cuda.flash_sdp_enabled()
         cudnn = not flash_on or (hopper and torch.backends.cuda.cudnn_sdp_enabled() and not deterministic)
         kernel = "cudnn" if cudnn else "flash"
@@ -73,6 +85,19 @@ def forward(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     o, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_flash_attention(
         q, k, v, 0.0, True, False, scale=scale)
     return o, lse, (cq, ck, mq, mk, seed, offset)
+
+
+def stand_in_aux(kernel: str, q: torch.Tensor) -> tuple:
+    """`forward`'s aux for `backward` without keeping it, for q [B, H, T', L] (the far field's queries): the
+    cumulative sequence lengths (undefined for dense inputs), the longest sequence (T' for queries and keys alike)
+    and the dropout RNG's seed and offset, which SDPA's backward reads only with dropout (here always 0): zeros of
+    the forward's kinds (cuDNN's [1] int64 on the GPU, FlashAttention-2's 0-d int64 on the CPU)."""
+    if kernel == "cpu":
+        return ()
+    T = q.shape[2]
+    rng = dict(dtype=torch.int64, device=q.device) if kernel == "cudnn" else dict(dtype=torch.int64)
+    shape = (1,) if kernel == "cudnn" else ()
+    return None, None, T, T, torch.zeros(shape, **rng), torch.zeros(shape, **rng)
 
 
 def backward(kernel: str, do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

@@ -9,6 +9,11 @@ The backward recomputes the scores tile by tile from lse; nothing of size T×T i
 maps run as cuBLAS GEMMs around the kernels rather than inside them: at GPT-2 shapes each is a [B·T, D]×[D, L]
 product per head that cuBLAS runs near peak, while folding W_ql into the query tile would redo it once per key
 block's band term, and the epilogue form of W_vu would still have to store ctx_lat for dW_vu.
+
+The kernels are launched only from the operators chunkfuse::ramla_fwd and chunkfuse::ramla_bwd (ops/library.py),
+which torch.compile(fullgraph=True) traces as opaque calls. The far-field choice (FAR, FAR_KERNEL, the device and
+torch's deterministic mode) is made outside them, in `ramla`, and passed as a str; the backward's head groups and
+register cap are planned inside ramla_bwd. lse is the forward's extra, non-differentiable output.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 import triton
 
 from ops import backend_fn
+from ops.library import absent, contiguous, kernel_op, maybe
 from ops.ramla import far
 from ops.ramla.bwd_passes import ramla_bwd_delta_kernel, ramla_bwd_reduce_kernel
 from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
@@ -51,70 +57,135 @@ FAR_MIN_T = 8192
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)
 
 
-class FlashRAMLA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, alpha, window, scale, far_kernel):
-        """q: [H, B, T, L] (head-major q_lat); k, v: [B, T, L] → o [H, B, T, L]. far_kernel: None (every score
-        in the Triton kernels) or one of far.KERNELS (the keys past the band on SDPA's kernel)."""
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        H, B, T, L = q.shape
-        band = alpha is not None
-        W = min(window, T) if band else 0        # a wider band is the whole causal triangle (and stays in int32)
-        # the far field has T − W − 1 rows; cuDNN's frontend rejects a sequence of 1 ("s_q = s_kv = 1")
-        far_kernel = far_kernel if T - W - 1 >= 2 else None
-        o = torch.empty_like(q)
-        lse = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
-        a = alpha.detach().reshape(()).to(q.device, torch.float32) if band else lse   # a dummy pointer without the band
-        o_far, lse_far, aux = lse, lse, ()       # dummies without the far field
-        if far_kernel:
-            o_far, lse_far, aux = far.forward(far_kernel, *far_inputs(q, k, v, W), scale)
-        fwd = TILES["fwd"]
-        ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](
-            q, k, v, o, lse, a, scale, B, T, W, o_far, lse_far, *far_strides(o_far, far_kernel),
-            *far_strides(lse_far, far_kernel), H=H, L=L, BAND=band, PREC=dot_precision(q), FAR=bool(far_kernel),
-            **fwd)
-        ctx.save_for_backward(q, k, v, o, lse, *([alpha] if band else []))
-        ctx.window, ctx.scale, ctx.band, ctx.far_kernel, ctx.aux = W, scale, band, far_kernel, aux
-        ctx.heads_per_program = heads_per_program(B, T, H, q.device)   # chosen now: overrides hold for the call
-        return o
+def _far(far_kernel: str | None, T: int, W: int) -> str | None:
+    """The far field's kernel as launched: none where it would have fewer than two rows (cuDNN's frontend rejects
+    a sequence of 1, "s_q = s_kv = 1"). The forward and the backward both decide it so, from the same shapes."""
+    return far_kernel if T - W - 1 >= 2 else None
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable   # no second-order terms: an error, not a silent omission
-    def backward(ctx, do):
-        q, k, v, o, lse, *alpha = ctx.saved_tensors
-        H, B, T, L = q.shape
-        HP, W, far_kernel = ctx.heads_per_program, ctx.window, ctx.far_kernel
-        G = H // HP
-        do = do.contiguous()
-        delta = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
-        ramla_bwd_delta_kernel[(triton.cdiv(H * B * T, ROWS),)](o, do, delta, H * B * T, L=L, BR=ROWS)
-        dq_far = dk_far = dv_far = delta                                                  # dummy pointers
-        if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
-            dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), *far_inputs(q, k, v, W),
-                                                  far_rows(o, W), far_rows(lse, W), ctx.aux, ctx.scale)
-        # fp32 partial sums of dk and dv, one slot per head group and kernel (the dq kernel adds the band's
-        # row part of dk after the dk/dv kernel's slots); ramla_bwd_reduce_kernel sums them once
-        KS = 2 * G if ctx.band else G
-        f32 = dict(device=q.device, dtype=torch.float32)
-        dk_part, dv_part = torch.empty(B, T, KS, L, **f32), torch.empty(B, T, G, L, **f32)
-        dq_band = torch.empty(H, B, T, L, **f32) if ctx.band else dk_part
-        cap = {"maxnreg": PLAIN_MAXNREG} if PLAIN_MAXNREG and not ctx.band else {}
-        dkv, dqt = {**TILES["dkv"], **cap}, {**TILES["dq"], **cap}
-        dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
-        a = alpha[0].detach().reshape(()).to(q.device, torch.float32) if ctx.band else lse
-        meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=ctx.band, PREC=dot_precision(q), FAR=bool(far_kernel))
-        ramla_bwd_dkv_kernel[(G, B, triton.cdiv(T, dkv["BN"]))](q, k, v, do, lse, delta, a, dk_part, dv_part,
-                                                                dq_band, dalpha, ctx.scale, B, T, W, **meta, **dkv)
-        dq = torch.empty_like(q)
-        ramla_bwd_dq_kernel[(G, B, triton.cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
-                                                               ctx.scale, B, T, W, dq_far,
-                                                               *far_strides(dq_far, far_kernel), **meta, **dqt)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        ramla_bwd_reduce_kernel[(triton.cdiv(T, ROWS), B)](
-            dk_part, dv_part, dk_far, dv_far, dk, dv, T, T - W - 1, *far_strides(dk_far, far_kernel),
-            *far_strides(dv_far, far_kernel), KS=KS, VS=G, H=H, L=L, BT=ROWS, FAR=bool(far_kernel))
-        da = dalpha.sum().reshape(alpha[0].shape).to(alpha[0]) if ctx.band else None
-        return dq, dk, dv, da, None, None, None
+
+def _band(alpha: torch.Tensor | None, window: int, T: int) -> int:
+    """The band's width W as the kernels take it: 0 without α; a band wider than T is the whole causal triangle
+    (and so stays in int32)."""
+    return min(window, T) if alpha is not None else 0
+
+
+def _alpha(alpha: torch.Tensor | None, q: torch.Tensor, dummy: torch.Tensor) -> torch.Tensor:
+    """α as the kernels read it (an fp32 scalar on q's device), or `dummy` as a pointer the kernels never read."""
+    return alpha.detach().reshape(()).to(q.device, torch.float32) if alpha is not None else dummy
+
+
+def _fwd_fake(q, k, v, alpha, window, scale, far_kernel):
+    H, B, T, L = q.shape
+    return q.new_empty(q.shape), q.new_empty((H, B, T), dtype=torch.float32)
+
+
+@kernel_op("ramla_fwd", fake=_fwd_fake)
+def ramla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor | None, window: int,
+              scale: float, far_kernel: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [H, B, T, L] (head-major q_lat); k, v: [B, T, L], q's dtype; alpha 0-d or [1] (any float dtype) or None
+    (plain MLA, no band) → o [H, B, T, L] (q's dtype) and the backward's lse [H, B, T] fp32. far_kernel: None (every
+    score in the Triton kernels) or one of far.KERNELS (the keys past the band on SDPA's kernel), chosen by the
+    caller (far_kernel())."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    H, B, T, L = q.shape
+    band = alpha is not None
+    W = _band(alpha, window, T)
+    far_kernel = _far(far_kernel, T, W)
+    o = torch.empty_like(q)
+    lse = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
+    a = _alpha(alpha, q, lse)
+    o_far, lse_far = lse, lse                # dummies without the far field
+    if far_kernel:   # SDPA's aux (dropout's RNG state) is not kept: without dropout the backward has stand-ins
+        o_far, lse_far, _ = far.forward(far_kernel, *far_inputs(q, k, v, W), scale)
+    fwd = TILES["fwd"]
+    ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](
+        q, k, v, o, lse, a, scale, B, T, W, o_far, lse_far, *far_strides(o_far, far_kernel),
+        *far_strides(lse_far, far_kernel), H=H, L=L, BAND=band, PREC=dot_precision(q), FAR=bool(far_kernel),
+        **fwd)
+    return o, lse
+
+
+def _bwd_fake(do, q, k, v, o, lse, alpha, window, scale, far_kernel):
+    da = alpha.new_empty(alpha.shape) if alpha is not None else absent(q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), da
+
+
+@kernel_op("ramla_bwd", fake=_bwd_fake)
+def ramla_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+              lse: torch.Tensor, alpha: torch.Tensor | None, window: int, scale: float, far_kernel: str | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """do, o: [H, B, T, L] (contiguous); q, k, v, alpha, window, scale, far_kernel as ramla_fwd's; lse [H, B, T]
+    its output → dq [H, B, T, L], dk, dv [B, T, L] (their inputs' dtypes) and dα (α's shape and dtype; 0 elements
+    without the band). The head groups (heads_per_program) and the register cap are planned here."""
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    H, B, T, L = q.shape
+    band = alpha is not None
+    W = _band(alpha, window, T)
+    far_kernel = _far(far_kernel, T, W)
+    HP = heads_per_program(B, T, H, q.device)
+    G = H // HP
+    delta = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
+    ramla_bwd_delta_kernel[(triton.cdiv(H * B * T, ROWS),)](o, do, delta, H * B * T, L=L, BR=ROWS)
+    dq_far = dk_far = dv_far = delta                                                  # dummy pointers
+    if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
+        fq, fk, fv = far_inputs(q, k, v, W)
+        dq_far, dk_far, dv_far = far.backward(far_kernel, far_rows(do, W), fq, fk, fv, far_rows(o, W),
+                                              far_rows(lse, W), far.stand_in_aux(far_kernel, fq), scale)
+    # fp32 partial sums of dk and dv, one slot per head group and kernel (the dq kernel adds the band's
+    # row part of dk after the dk/dv kernel's slots); ramla_bwd_reduce_kernel sums them once
+    KS = 2 * G if band else G
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dk_part, dv_part = torch.empty(B, T, KS, L, **f32), torch.empty(B, T, G, L, **f32)
+    dq_band = torch.empty(H, B, T, L, **f32) if band else dk_part
+    cap = {"maxnreg": PLAIN_MAXNREG} if PLAIN_MAXNREG and not band else {}
+    dkv, dqt = {**TILES["dkv"], **cap}, {**TILES["dq"], **cap}
+    dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
+    a = _alpha(alpha, q, lse)
+    meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=band, PREC=dot_precision(q), FAR=bool(far_kernel))
+    ramla_bwd_dkv_kernel[(G, B, triton.cdiv(T, dkv["BN"]))](q, k, v, do, lse, delta, a, dk_part, dv_part,
+                                                            dq_band, dalpha, scale, B, T, W, **meta, **dkv)
+    dq = torch.empty_like(q)
+    ramla_bwd_dq_kernel[(G, B, triton.cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
+                                                           scale, B, T, W, dq_far,
+                                                           *far_strides(dq_far, far_kernel), **meta, **dqt)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    ramla_bwd_reduce_kernel[(triton.cdiv(T, ROWS), B)](
+        dk_part, dv_part, dk_far, dv_far, dk, dv, T, T - W - 1, *far_strides(dk_far, far_kernel),
+        *far_strides(dv_far, far_kernel), KS=KS, VS=G, H=H, L=L, BT=ROWS, FAR=bool(far_kernel))
+    da = dalpha.sum().reshape(alpha.shape).to(alpha) if band else absent(q)
+    return dq, dk, dv, da
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    q, k, v, alpha, window, scale, far_kernel = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, alpha)
+    ctx.mark_non_differentiable(lse)
+    ctx.window, ctx.scale, ctx.far_kernel = window, scale, far_kernel
+
+
+def _backward(ctx, do: torch.Tensor, dlse: torch.Tensor) -> tuple:
+    """lse's gradient is none (non-differentiable). No second-order terms: a double backward raises (_no_double)."""
+    q, k, v, o, lse, alpha = ctx.saved_tensors
+    (do,) = contiguous(do)
+    dq, dk, dv, da = ramla_bwd(do, q, k, v, o, lse, alpha, ctx.window, ctx.scale, ctx.far_kernel)
+    return dq, dk, dv, maybe(da, alpha is not None), None, None, None
+
+
+def _no_double(ctx, *grads: torch.Tensor) -> tuple:
+    raise RuntimeError("ramla (fused): no double backward; second-order terms are not implemented (the kernels' "
+                       "backward is once differentiable)")
+
+
+ramla_fwd.register_autograd(_backward, setup_context=_setup_context)
+ramla_bwd.register_autograd(_no_double, setup_context=lambda ctx, inputs, output: None)
+
+
+def flash_ramla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Tensor | None, window: int,
+                scale: float, far_kernel: str | None) -> torch.Tensor:
+    """The attention kernels alone, differentiable in q, k, v and α: q [H, B, T, L] (head-major q_lat), k, v
+    [B, T, L] → o [H, B, T, L]. Arguments as ramla_fwd's."""
+    return ramla_fwd(q, k, v, alpha, window, float(scale), far_kernel)[0]
 
 
 def far_rows(x: torch.Tensor, W: int) -> torch.Tensor:
@@ -183,7 +254,7 @@ def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch
     B, T, H, D = q.shape
     q_lat = latent_queries(q, w_ql)
     k_lat, v_lat = (x.to(q_lat.dtype).contiguous() for x in (k_lat, v_lat))
-    ctx = FlashRAMLA.apply(q_lat, k_lat, v_lat, alpha, window, scale, far_kernel(q_lat))
+    ctx = flash_ramla(q_lat, k_lat, v_lat, alpha, window, scale, far_kernel(q_lat))
     out = torch.bmm(ctx.view(H, B * T, L), w_vu.to(ctx.dtype))                       # [H, B·T, D]
     return out.transpose(0, 1).view(B, T, H, D)
 
