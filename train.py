@@ -38,6 +38,7 @@ from model import build_model
 from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoint, read_state, resume_target,
                               save_checkpoint, supersede_after)
 from utils.cli import run_cli
+from utils.compile import compiled_step, resolve_compile
 from utils.errors import UserError, write_error
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
@@ -215,6 +216,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         raise ConfigError("--allow-changes applies only with --resume")
     with torch.device("meta"):   # family, backends and shapes checked at once, before any data is downloaded
         build_model(cfg.model)
+    compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
+                                              fsdp_plugin(precision) is not None)
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder
     accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
@@ -269,6 +272,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     plans = model.kernel_plans(tc.micro_batch_size, cfg.data.seq_len, compute_dtype, device)
     model, optimizer = accelerator.prepare(model, optimizer)
+    step_model = compiled_step(model, cfg) if compile_on else model     # evaluation and checkpoints use `model`
     sampler = BatchSampler(train_store, cfg.data.seq_len, tc.micro_batch_size, tc.grad_accum,
                            accelerator.num_processes, accelerator.process_index, tc.seed,
                            bos_token(train_store, cfg.data.bos))
@@ -300,6 +304,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         f"{tokens_per_step:,} tokens/step")
     for plan in plans:
         log(f"kernel plan: {plan}")
+    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why})")
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:
@@ -326,7 +331,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 x, y = (t.to(device, non_blocking=True) for t in sampler.batch(step, micro))
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    _, loss = model(x, y, return_logits=False)     # chunked head + loss (ops.loss)
+                    _, loss = step_model(x, y, return_logits=False)     # chunked head + loss (ops.loss)
                     accelerator.backward(loss / tc.grad_accum)
                 loss_sum += loss.detach() / tc.grad_accum
             # max_norm = inf measures the norm without clipping

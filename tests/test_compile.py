@@ -17,7 +17,7 @@ from tests.helpers import rel_err
 
 TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low_rank=4),
         "gated_deltanet": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16),
-        "mamba2": dict(d_model=32, ssm_head_dim=8, ssm_state=8),
+        "mamba2": dict(d_model=16, ssm_head_dim=8, ssm_state=8),
         "gpt2": dict(d_model=32, n_heads=2, max_seq_len=64),
         "gpt2_ramla": dict(family="gpt2", attention="ramla", d_model=32, n_heads=2, latent_dim=16, ra_window=8,
                            max_seq_len=64)}

@@ -1,0 +1,62 @@
+"""train.py's compiled step (utils/compile.py): when `auto` compiles and why, the settings refused before any work,
+and a compiled run equal to the eager one, step for step."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import train
+from config import Config, ConfigError
+from tests.test_train import losses, tiny
+from utils.compile import resolve_compile
+
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
+
+
+def settings(backend: str = "fused", **train_kw) -> Config:
+    cfg = Config()
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backend=backend),
+                               train=dataclasses.replace(cfg.train, **train_kw))
+
+
+def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
+    assert resolve_compile(settings("fused"), "cuda", False) == (True, "auto: on for a CUDA GPU; backend inductor")
+    assert resolve_compile(settings("chunk", cuda_graphs=True), "cuda", False)[1].endswith("inductor, CUDA graphs")
+    for backend, device, fsdp, why in (("fused", "cpu", False, "off on a CPU"), ("naive", "cuda", False, "dominate"),
+                                       ("fla", "cuda", False, "not torch.library operators"),
+                                       ("fused", "cuda", True, "under FSDP2")):
+        on, reason = resolve_compile(settings(backend), device, fsdp)
+        assert not on and why in reason, reason
+    assert resolve_compile(settings("naive", compile="true"), "cpu", False)[0]
+    assert not resolve_compile(settings("fused", compile="false"), "cuda", False)[0]
+
+
+@pytest.mark.parametrize("kw,device,fsdp,message", [
+    (dict(compile="yes"), "cuda", False, "must be one of auto, true, false"),
+    (dict(compile="true"), "cuda", True, "not supported under FSDP2"),
+    (dict(cuda_graphs=True), "cpu", False, "needs the compiled step, which is off"),
+    (dict(compile="true", cuda_graphs=True), "cpu", False, "needs a CUDA GPU"),
+    (dict(compile="true", cuda_graphs=True, compile_backend="aot_eager"), "cuda", False, "are Inductor's")])
+def test_settings_that_cannot_work_are_refused(kw, device, fsdp, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_compile(settings(**kw), device, fsdp)
+
+
+def test_a_compiled_run_equals_the_eager_run(tmp_path, capsys):
+    """Six steps compiled whole through AOTAutograd without code generation, against the same run eager: the same
+    losses in fp32. (`naive`: tests/test_compile.py compiles every kernel backend's step; here it is train.py's
+    wiring that is checked, and the interpreter would make it minutes.)"""
+    common = ["--backend", "naive", "--train.max_steps=6", "--train.eval_interval=0", "--train.ckpt_interval=0"]
+    train.main(tiny(tmp_path, "eager", *common))
+    from tests.helpers import reset_accelerate
+    reset_accelerate()
+    train.main(tiny(tmp_path, "compiled", *common, "--train.compile=true",
+                    "--train.compile_backend=aot_eager_decomp_partition"))
+    assert "compiled step: on (train.compile=true; backend aot_eager_decomp_partition)" in capsys.readouterr().out
+    eager, compiled = losses(tmp_path / "runs" / "eager")[0], losses(tmp_path / "runs" / "compiled")[0]
+    assert sorted(eager) == sorted(compiled) == list(range(1, 7))
+    assert all(abs(compiled[s] - eager[s]) <= 1e-5 * abs(eager[s]) for s in eager), (eager, compiled)
+    info = json.loads((tmp_path / "runs" / "compiled" / "run.json").read_text())
+    assert info["config"]["train"]["compile"] == "true"

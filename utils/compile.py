@@ -1,0 +1,64 @@
+"""Whether and how train.py compiles the training step: `--train.compile`, `--train.compile_backend`,
+`--train.cuda_graphs`.
+
+The model's forward (the training loss, `model(x, y, return_logits=False)`) is compiled whole with
+`torch.compile(fullgraph=True)`: every kernel entry point is a `torch.library` operator (ops/library.py), so there is
+nothing to break the graph, and a break is an error rather than a silent slowdown. The backward is traced with it by
+AOTAutograd. Evaluation and checkpoints use the uncompiled module (the same parameters), so no second graph is
+compiled for the no-grad evaluation and checkpoint keys do not change.
+
+`auto` compiles on a CUDA GPU, except for `naive` (its step is many small PyTorch ops whose compilation would
+dominate a short parity or test run) and `fla` (its kernels are flash-linear-attention's autograd functions, not
+operators here); the run log says which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
+`reduce-overhead`): every step has the same shapes, so one graph replays each step's launches.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from config import Config, ConfigError
+
+CHOICES = ("auto", "true", "false")
+
+
+def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, str]:
+    """(compile or not, the reason for the run log), checked before any work: a bad value, CUDA graphs without a
+    GPU or without compiling, and compiling under FSDP2 are errors with the remedy."""
+    tc, backend = cfg.train, cfg.model.backend
+    if tc.compile not in CHOICES:
+        raise ConfigError(f"train.compile must be one of {', '.join(CHOICES)}, got {tc.compile!r}")
+    if tc.compile == "true":
+        on, why = True, "train.compile=true"
+    elif tc.compile == "false":
+        on, why = False, "train.compile=false"
+    elif device_type != "cuda":
+        on, why = False, "auto: off on a CPU (Inductor's CPU code would take minutes to compile for a short run)"
+    elif backend in ("naive", "fla"):
+        on, why = False, (f"auto: off for backend {backend!r} ("
+                          + ("its many small ops would make compile time dominate a short run"
+                             if backend == "naive" else "fla's kernels are not torch.library operators here") + ")")
+    elif fsdp:
+        on, why = False, "auto: off under FSDP2 (whole-model compile with FSDP2 is not checked yet)"
+    else:
+        on, why = True, "auto: on for a CUDA GPU"
+    if on and fsdp:
+        raise ConfigError("train.compile=true is not supported under FSDP2 yet; pass --train.compile=false")
+    if tc.cuda_graphs and not on:
+        raise ConfigError(f"train.cuda_graphs needs the compiled step, which is off ({why}); pass "
+                          "--train.compile=true or drop --train.cuda_graphs")
+    if tc.cuda_graphs and tc.compile_backend != "inductor":
+        raise ConfigError(f"train.cuda_graphs are Inductor's; train.compile_backend is {tc.compile_backend!r}")
+    if tc.cuda_graphs and device_type != "cuda":
+        raise ConfigError("train.cuda_graphs needs a CUDA GPU; drop --train.cuda_graphs")
+    if on:
+        why += f"; backend {tc.compile_backend}" + (", CUDA graphs" if tc.cuda_graphs else "")
+    return on, why
+
+
+def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
+    """The module's forward compiled whole (fullgraph) with the configured backend and, with cuda_graphs,
+    Inductor's CUDA graphs."""
+    mode = "reduce-overhead" if cfg.train.cuda_graphs else None
+    return torch.compile(model, fullgraph=True, backend=cfg.train.compile_backend, mode=mode)
