@@ -3,6 +3,7 @@
     python scripts/bench_throughput.py --configs gla_125m,gla_340m --backends naive,chunk,fla
     python scripts/bench_throughput.py --configs gla_125m --backends "chunk,fused[state],fused[chunk,state]"
     python scripts/bench_throughput.py --configs gpt2_124m --backends naive --batch 8 --seq-len 2048
+    python scripts/bench_throughput.py --configs gla_340m --backends fused --modes eager,compiled
 
 Every row is whole training steps (forward, backward, fused AdamW) on the same random batch, bf16
 autocast on a GPU, measured in its own process so that every row starts alike: the time from launch
@@ -10,7 +11,11 @@ to the first finished step (compilation and autotuning included), then --warmup 
 timed steps, their wall time between two synchronizations (utils/timing.py step_seconds). The peer row of
 each config is the reference implementation at the same size: flash-linear-attention's own model class (GLA,
 Gated DeltaNet, Mamba-2) or transformers' GPT2LMHeadModel with SDPA. A row that cannot run (no fla, out of
-memory, time limit) says why. Writes <out>/throughput.{md,json,png} (default out runs/bench).
+memory, time limit) says why. --modes: each row eager and/or compiled (our models with torch.compile(fullgraph=True),
+as train.py's --train.compile; the peer with a plain torch.compile, graph breaks allowed). MFU: model FLOPs per token
+(model/'s formula, the peer counted as our model of the same size) × tokens/s, against the GPU's datasheet bf16 peak
+and against the peak a large bf16 GEMM reaches here (measured once per table).
+Writes <out>/throughput.{md,json,png} (default out runs/bench).
 """
 from __future__ import annotations
 
@@ -68,9 +73,10 @@ def peer_model(cfg) -> torch.nn.Module:
 
 
 def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int,
-           logits: bool = False) -> dict:
+           logits: bool = False, mode: str = "eager", compile_backend: str = "inductor") -> dict:
     """One row, in this process: build, train warmup + steps steps, measure. logits: our models' loss through
-    the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of model/loss.py's chunked head."""
+    the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of model/loss.py's chunked head.
+    mode 'compiled': the model under torch.compile (fullgraph for ours) with `compile_backend`."""
     from config import load_config
     from model import build_model
 
@@ -80,11 +86,15 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     forced = force_fla_backward() if device == "cuda" and (backend == "fla" or backend == PEER and cfg.family != "gpt2") else None
     if backend == PEER:
         model = peer_model(cfg).to(device)
-        loss_of = lambda x: model(input_ids=x[:, :-1], labels=x[:, :-1]).loss  # noqa: E731  (HF shifts labels)
+        fwd = torch.compile(model, backend=compile_backend) if mode == "compiled" else model
+        loss_of = lambda x: fwd(input_ids=x[:, :-1], labels=x[:, :-1]).loss  # noqa: E731  (HF shifts labels)
     else:
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
-        loss_of = lambda x: model(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
+        fwd = torch.compile(model, fullgraph=True, backend=compile_backend) if mode == "compiled" else model
+        loss_of = lambda x: fwd(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
+    with torch.device("meta"):
+        flops_tok = build_model(cfg).flops_per_token(seq_len)   # the peer too: our model of its size
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
 
@@ -109,17 +119,19 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
         note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
     note = "; ".join(n for n in (forced, note) if n) or None
-    return {"config": Path(config).stem, "backend": backend, "status": "ok", "loss": loss.item(), "note": note,
+    return {"config": Path(config).stem, "backend": backend, "mode": mode, "status": "ok", "loss": loss.item(),
+            "note": note, "flops_per_token": flops_tok,
             "params": sum(p.numel() for p in model.parameters()), "tokens_per_s": batch * seq_len * steps / elapsed,
             "step_ms": 1e3 * elapsed / steps, "first_step_s": first_step_s,
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None}
 
 
-def run_row(config: str, backend: str, args, timeout: float) -> dict:
+def run_row(config: str, backend: str, mode: str, args, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
-           "--steps", str(args.steps)] + (["--logits"] if args.logits else [])
-    row = {"config": Path(config).stem, "backend": backend}
+           "--steps", str(args.steps), "--modes", mode, "--compile-backend", args.compile_backend] + (
+               ["--logits"] if args.logits else [])
+    row = {"config": Path(config).stem, "backend": backend, "mode": mode}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
@@ -140,19 +152,43 @@ def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
              "Mamba-2) or transformers' GPT2LMHeadModel (SDPA) at the same size. Our rows' loss: "
              + ("PyTorch's head and cross-entropy over the whole logits (--logits)." if args.logits else
                 "model/loss.py's chunked head and cross-entropy, as train.py runs it."), "",
-             "| config | backend | params | tokens/s | ÷ peer | step ms | peak GB | launch → first step s | status |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    peers = {r["config"]: r for r in rows if r["backend"] == PEER and r["status"] == "ok"}
+             f"MFU: model FLOPs/s ÷ the datasheet bf16 peak ({fmt_tflops(env.get('peak_flops'))}) and ÷ a large bf16 "
+             f"GEMM's measured rate ({fmt_tflops(env.get('gemm_flops'))}). ÷ peer: against the peer in the same mode.",
+             "", "| config | backend | mode | params | tokens/s | ÷ peer | MFU datasheet | MFU GEMM | step ms | peak GB | "
+             "launch → first step s | status |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    peers = {(r["config"], r.get("mode")): r for r in rows if r["backend"] == PEER and r["status"] == "ok"}
     for r in rows:
+        head = f"| {r['config']} | {r['backend']} | {r.get('mode', 'eager')} |"
         if r["status"] != "ok":
-            lines.append(f"| {r['config']} | {r['backend']} | | | | | | | {r['status']}: {r.get('why', '')} |")
+            lines.append(f"{head} | | | | | | | | {r['status']}: {r.get('why', '')} |")
             continue
-        peer = peers.get(r["config"])
+        peer = peers.get((r["config"], r.get("mode")))
         ratio = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}×" if peer else ""
         mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "—"
-        lines.append(f"| {r['config']} | {r['backend']} | {r['params'] / 1e6:.1f}M | {r['tokens_per_s']:,.0f} | {ratio} | "
+        mfu = [f"{r['flops_per_token'] * r['tokens_per_s'] / peak:.1%}" if peak else "—"
+               for peak in (env.get("peak_flops"), env.get("gemm_flops"))]
+        lines.append(f"{head} {r['params'] / 1e6:.1f}M | {r['tokens_per_s']:,.0f} | {ratio} | {mfu[0]} | {mfu[1]} | "
                      f"{r['step_ms']:.1f} | {mem} | {r['first_step_s']:.1f} | ok{'; ' + r['note'] if r.get('note') else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def fmt_tflops(x: float | None) -> str:
+    return "n/a" if not x else f"{x / 1e12:,.0f} TFLOP/s"
+
+
+def gemm_flops(n: int = 8192, reps: int = 10) -> float | None:
+    """The bf16 FLOP/s of an n×n×n matrix product on this GPU (mean of `reps` after three warm-ups); None on a CPU."""
+    if not torch.cuda.is_available():
+        return None
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    sync()
+    t = time.time()
+    for _ in range(reps):
+        a @ b
+    sync()
+    return 2 * n ** 3 * reps / (time.time() - t)
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -162,7 +198,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     ok = [r for r in rows if r["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(ok)), 4.5))
-    ax.bar([f"{r['config']}\n{r['backend']}" for r in ok], [r["tokens_per_s"] for r in ok])
+    ax.bar([f"{r['config']}\n{r['backend']}\n{r.get('mode', 'eager')}" for r in ok], [r["tokens_per_s"] for r in ok])
     ax.set(ylabel="tokens/s", title="training throughput")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -186,12 +222,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--logits", action="store_true",
                    help="our rows compute the loss through the whole logits (PyTorch's head + cross-entropy), as "
                         "before model/loss.py; for A/B runs of memory and speed")
+    p.add_argument("--modes", help="comma-separated: eager, compiled (default: both on a GPU, eager on a CPU)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for compiled rows")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     configs = [c if c.endswith(".yaml") else str(REPO / "configs" / f"{c}.yaml") for c in args.configs.split(",")]
+    modes = (args.modes or ("eager,compiled" if torch.cuda.is_available() else "eager")).split(",")
+    if set(modes) - {"eager", "compiled"}:
+        p.error(f"--modes takes eager and/or compiled, got {args.modes!r}")
     if args.worker:
         print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps,
-                                args.logits)))
+                                args.logits, modes[0], args.compile_backend)))
         return []
     backends = split_backends(args.backends) + ([] if args.no_peer else [PEER])
     command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -199,21 +240,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     stem = args.out / "throughput"
     stem.parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for config in configs:
-        for b in backends:
-            left = args.deadline - (time.time() - T_LAUNCH) if args.deadline else float("inf")
-            if left < 30:
-                rows.append({"config": Path(config).stem, "backend": b, "status": "skipped",
-                             "why": f"the table's --deadline {args.deadline} s had passed"})
-            else:
-                rows.append(run_row(config, b, args, timeout=min(args.row_timeout, left)))
-            r = rows[-1]
-            print(f"{r['config']:<16} {b:<6} " + (f"{r['tokens_per_s']:>10,.0f} tokens/s  first step {r['first_step_s']:.1f} s"
-                                                   if r["status"] == "ok" else f"{r['status']}: {r.get('why', '')}"),
-                  flush=True)
-            # after every row, so that a run cut short keeps what it measured
-            stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip(), args))
-            stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
+    env["gemm_flops"] = gemm_flops()
+    for config, b, mode in ((c, b, m) for c in configs for b in backends for m in modes):
+        left = args.deadline - (time.time() - T_LAUNCH) if args.deadline else float("inf")
+        if left < 30:
+            rows.append({"config": Path(config).stem, "backend": b, "mode": mode, "status": "skipped",
+                         "why": f"the table's --deadline {args.deadline} s had passed"})
+        else:
+            rows.append(run_row(config, b, mode, args, timeout=min(args.row_timeout, left)))
+        r = rows[-1]
+        done = (f"{r['tokens_per_s']:>10,.0f} tokens/s  first step {r['first_step_s']:.1f} s" if r["status"] == "ok"
+                else f"{r['status']}: {r.get('why', '')}")
+        print(f"{r['config']:<16} {b:<6} {mode:<8} {done}", flush=True)
+        # after every row, so that a run cut short keeps what it measured
+        stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip(), args))
+        stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
     plot(rows, stem.with_suffix(".png"))
     print(stem.with_suffix(".md").read_text())
     return rows
@@ -227,9 +268,13 @@ def environment() -> dict:
         fla_version = fla.__version__
     except ImportError:
         fla_version = None
+    from utils.runinfo import peak_flops
+
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    peak = peak_flops(torch.device("cuda"), "bf16") if torch.cuda.is_available() else None
     return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version,
-            "date": datetime.date.today().isoformat()}
+            "date": datetime.date.today().isoformat(), "peak_flops": peak}
+
 
 if __name__ == "__main__":
     main()

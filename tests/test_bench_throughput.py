@@ -12,11 +12,17 @@ from model import build_model
 from scripts.bench_throughput import main, peer_model
 
 
-def test_row_and_report(tmp_path):
+def test_rows_eager_and_compiled_and_the_report(tmp_path):
+    """An eager and a compiled row (AOTAutograd without code generation on a CPU), each in its own process; the
+    FLOPs per token come from the model, MFU needs a GPU's peaks."""
     rows = main(["--configs", "configs/smoke.yaml", "--backends", "naive", "--no-peer", "--batch", "2",
-                 "--seq-len", "32", "--warmup", "0", "--steps", "1", "--out", str(tmp_path)])
-    assert [r["status"] for r in rows] == ["ok"] and rows[0]["tokens_per_s"] > 0 and rows[0]["first_step_s"] > 0
-    assert "| smoke | naive | 0.4M |" in (tmp_path / "throughput.md").read_text()
+                 "--seq-len", "32", "--warmup", "0", "--steps", "1", "--modes", "eager,compiled",
+                 "--compile-backend", "aot_eager_decomp_partition", "--out", str(tmp_path)])
+    assert [(r["status"], r["mode"]) for r in rows] == [("ok", "eager"), ("ok", "compiled")], rows
+    assert all(r["tokens_per_s"] > 0 and r["first_step_s"] > 0 and r["flops_per_token"] > 0 for r in rows)
+    md = (tmp_path / "throughput.md").read_text()
+    assert "| smoke | naive | eager | 0.4M |" in md and "| smoke | naive | compiled | 0.4M |" in md
+    assert "| — | — |" in md and "n/a" in md           # no MFU without a GPU's peaks
     assert (tmp_path / "throughput.png").stat().st_size > 0
 
 
