@@ -91,7 +91,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     else:
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
-        fwd = torch.compile(model, fullgraph=True, backend=compile_backend) if mode == "compiled" else model
+        fwd = torch.compile(model, fullgraph=True, dynamic=False, backend=compile_backend) if mode == "compiled" else model
         loss_of = lambda x: fwd(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
     with torch.device("meta"):
         flops_tok = build_model(cfg).flops_per_token(seq_len)   # the peer too: our model of its size

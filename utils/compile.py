@@ -59,6 +59,8 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
 
 def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     """The module's forward compiled whole (fullgraph) with the configured backend and, with cuda_graphs,
-    Inductor's CUDA graphs."""
+    Inductor's CUDA graphs. Static shapes: every training step has the same, and Dynamo would otherwise trace
+    dynamic shapes once the same forward had been compiled at another shape in this process (a test's, say),
+    where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models."""
     mode = "reduce-overhead" if cfg.train.cuda_graphs else None
-    return torch.compile(model, fullgraph=True, backend=cfg.train.compile_backend, mode=mode)
+    return torch.compile(model, fullgraph=True, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
