@@ -15,8 +15,6 @@ gradient is formed adds nothing to that: no pair without decay enters db (output
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import triton
 
@@ -45,8 +43,8 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     """The forward stages. Returns o [B, T, H, V] (v's dtype), the final state [B, H, K, V] fp32 (0 elements unless
     asked), and for the backward b [B, T, H, K|1] fp32, h [B, NT, H, K, V] and A [B, T, H, C] (q's dtype)."""
     H = v.shape[2]
-    q, k, v, b, h, ht = states_forward(SimpleNamespace(), expand_heads(q, H), expand_heads(k, H), v, g, scale,
-                                       initial_state, output_final_state, chunk_size, split_state)
+    q, k, v, b, h, ht = states_forward(expand_heads(q, H), expand_heads(k, H), v, g, initial_state,
+                                       output_final_state, chunk_size, split_state)
     if b.shape[-1] == 1:
         o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
     else:
@@ -56,9 +54,7 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
 
 
 def _bwd_fake(q, k, v, b, h, A, do, dht, scale, has_h0, chunk_size, split_state, g_dtype):
-    B, T, H, V = v.shape
-    dh0 = v.new_empty(B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), b.new_empty(b.shape, dtype=g_dtype), dh0
+    return grads_fake(q, k, v, b, has_h0, g_dtype)
 
 
 @kernel_op("chunk_decay_bwd", fake=_bwd_fake)
@@ -70,15 +66,13 @@ def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.
     (q's and k's shapes), dv, dg (g_dtype) and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
     H, G = v.shape[2], q.shape[2]
     q, k, v = (x.contiguous() for x in (expand_heads(q, H), expand_heads(k, H), v))
-    ctx = SimpleNamespace(scale=scale, chunk_size=chunk_size, has_h0=has_h0, g_dtype=g_dtype,
-                          segments=state_segments(k, v, chunk_size, split_state))
-    do, dh, dh0 = states_backward(ctx, q, b, do, dht)
+    do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, chunk_size, split_state)
     dA = chunk_bwd_dA(do, v, chunk_size)
     dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
     dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, chunk_size)
     dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, chunk_size)
-    dq, dk, dv, dg, _, dh0 = input_grads(ctx, sum_groups(dq, G), sum_groups(dk, G), dv, db, dh0)[:6]
-    return dq, dk, dv, dg, absent(dv) if dh0 is None else dh0
+    return (sum_groups(dq, G), sum_groups(dk, G), dv, decay_grad(db, chunk_size, g_dtype),
+            absent(dv) if dh0 is None else dh0)
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -116,33 +110,38 @@ def sum_groups(dx: torch.Tensor, G: int) -> torch.Tensor:
     return dx if G == H else dx.view(B, T, G, H // G, D).sum(3)
 
 
-def states_forward(ctx, q, k, v, g, scale, initial_state, output_final_state: bool, chunk_size: int,
-                   split_state: bool):
+def states_forward(q, k, v, g, initial_state, output_final_state: bool, chunk_size: int, split_state: bool):
     """What every chunkwise forward (this module's operator, ops/gla/fused.py's) does first: contiguous
-    inputs, b = chunk-local cumsum of g, the states entering each chunk (split or not), and the
-    ctx fields their backward needs. Returns q, k, v, b, h, final state."""
+    inputs, b = chunk-local cumsum of g and the states entering each chunk (split or not).
+    Returns q, k, v, b, h, final state."""
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     h0 = initial_state.contiguous() if initial_state is not None else None
     b = chunk_cumsum(g, chunk_size)
-    ctx.segments = state_segments(k, v, chunk_size, split_state)
-    h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, ctx.segments)
-    ctx.scale, ctx.chunk_size, ctx.has_h0, ctx.g_dtype = scale, chunk_size, h0 is not None, g.dtype
+    h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, state_segments(k, v, chunk_size, split_state))
     return q, k, v, b, h, ht
 
 
-def states_backward(ctx, q, b, do, dht):
-    """The backward's first step: contiguous do and the state gradients. Returns do, dh, dh0."""
+def states_backward(q, k, v, b, do, dht, has_h0: bool, scale: float, chunk_size: int, split_state: bool):
+    """The backward's first step: contiguous do and the state gradients, the dh pass split as the forward's state
+    pass was (k, v contiguous, as states_forward returned them). Returns do, dh, dh0."""
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None
-    dh, dh0 = chunk_bwd_dh(q, do, b, dht, ctx.has_h0, ctx.scale, ctx.chunk_size, ctx.segments)
+    segments = state_segments(k, v, chunk_size, split_state)
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, has_h0, scale, chunk_size, segments)
     return do, dh, dh0
 
 
-def input_grads(ctx, dq, dk, dv, db, dh0) -> tuple:
-    """The gradients of (q, k, v, g, scale, initial_state, output_final_state, chunk_size,
-    split_state): dg is the reverse cumsum of db."""
-    dg = chunk_cumsum(db, ctx.chunk_size, reverse=True).to(ctx.g_dtype)
-    return dq, dk, dv, dg, None, dh0, None, None, None
+def decay_grad(db: torch.Tensor, chunk_size: int, g_dtype: torch.dtype) -> torch.Tensor:
+    """dg, the reverse chunk-local cumsum of db (the gradient of b = cumsum(g)), in g's dtype."""
+    return chunk_cumsum(db, chunk_size, reverse=True).to(g_dtype)
+
+
+def grads_fake(q, k, v, b, has_h0: bool, g_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """The fake outputs of a chunkwise backward operator: dq, dk, dv as q, k, v, dg as b in g_dtype and dh0
+    [B, H, K, V] fp32 (0 elements without an initial state)."""
+    B, T, H, V = v.shape
+    dh0 = v.new_empty(B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), b.new_empty(b.shape, dtype=g_dtype), dh0
 
 
 def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,

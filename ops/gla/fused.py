@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import torch
 import triton
 
 from ops import backend_fn
 from ops.chunkwise.decay_attention import (CHUNK_SIZES as STAGE_CHUNK_SIZES, check_inputs, chunk_decay_attention,
-                                           input_grads, stages_plan, state_segments, states_backward, states_forward)
+                                           decay_grad, grads_fake, stages_plan, state_segments, states_backward,
+                                           states_forward)
 from ops.chunkwise.output import chunk_fwd_o
 from ops.chunkwise.state import chunk_fwd_h_from, split_segments
 from ops.gla import chunk
@@ -85,8 +85,7 @@ def gla_fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, C, save,
                                      max_range=max_range, interval=chunk_size)
     else:
-        q, k, v, b, h, ht = states_forward(SimpleNamespace(), q, k, v, g, scale, initial_state, output_final_state,
-                                           C, split_state)
+        q, k, v, b, h, ht = states_forward(q, k, v, g, initial_state, output_final_state, C, split_state)
         o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, C, max_range), scale, C)
         h = h[:, :: chunk_size // C].contiguous() if save and chunk_size > C else h
     ht = absent(v) if ht is None else ht
@@ -94,9 +93,7 @@ def gla_fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
 
 
 def _bwd_fake(q, k, v, b, h, do, dht, scale, has_h0, chunk_size, split_state, max_range, g_dtype):
-    B, T, H, V = v.shape
-    dh0 = v.new_empty(B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), b.new_empty(b.shape, dtype=g_dtype), dh0
+    return grads_fake(q, k, v, b, has_h0, g_dtype)
 
 
 @kernel_op("gla_fused_bwd", fake=_bwd_fake)
@@ -110,15 +107,12 @@ def gla_fused_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Te
     and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
     C = sub_block(chunk_size)
     q, k, v = (x.contiguous() for x in (q, k, v))
-    # the forward's scan ran only where the state pass is not split, so this is its segment count on both paths
-    ctx = SimpleNamespace(scale=scale, chunk_size=C, has_h0=has_h0, g_dtype=g_dtype,
-                          segments=state_segments(k, v, C, split_state))
     if chunk_size > C:
         h = chunk_fwd_h_from(k, v, b, h, C, chunk_size)
-    do, dh, dh0 = states_backward(ctx, q, b, do, dht)
+    # the forward's scan ran only where the state pass is not split, so the dh pass splits as on the stage path
+    do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, C, split_state)
     dq, dk, dv, db = fused_scan_bwd(q, k, v, b, h, do, dh, scale, C, max_range)
-    dq, dk, dv, dg, _, dh0 = input_grads(ctx, dq, dk, dv, db, dh0)[:6]
-    return dq, dk, dv, dg, absent(dv) if dh0 is None else dh0
+    return dq, dk, dv, decay_grad(db, C, g_dtype), absent(dv) if dh0 is None else dh0
 
 
 def _setup(ctx, inputs, output) -> None:
