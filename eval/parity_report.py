@@ -114,7 +114,7 @@ def to_markdown(result: dict, command: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ppl(name: str, key: str) -> str:
-        vals = [r["test"].get(key) for r in curves.get(name, {"seeds": {}})["seeds"].values()]
+        vals = [r["test"].get(key) for r in curves[name]["seeds"].values()]
         return "—" if None in vals else f"{sum(vals) / len(vals):.3f}"
 
     r0 = curves[ref]
