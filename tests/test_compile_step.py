@@ -15,9 +15,9 @@ from utils.compile import resolve_compile
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 
 
-def settings(backend: str = "fused", **train_kw) -> Config:
+def settings(backend: str = "fused", family: str = "gla", **train_kw) -> Config:
     cfg = Config()
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backend=backend),
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, backend=backend, family=family),
                                train=dataclasses.replace(cfg.train, **train_kw))
 
 
@@ -30,6 +30,7 @@ def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
         on, reason = resolve_compile(settings(backend), device, fsdp)
         assert not on and why in reason, reason
     assert resolve_compile(settings("naive", compile="true"), "cpu", False)[0]
+    assert resolve_compile(settings("naive", family="gpt2"), "cuda", False)[0]     # SDPA, no chunk loops
     assert not resolve_compile(settings("fused", compile="false"), "cuda", False)[0]
 
 

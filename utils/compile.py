@@ -7,8 +7,8 @@ nothing to break the graph, and a break is an error rather than a silent slowdow
 AOTAutograd. Evaluation and checkpoints use the uncompiled module (the same parameters), so no second graph is
 compiled for the no-grad evaluation and checkpoint keys do not change.
 
-`auto` compiles on a CUDA GPU, except for `naive` (its step is many small PyTorch ops whose compilation would
-dominate a short parity or test run) and `fla` (its kernels are flash-linear-attention's autograd functions, not
+`auto` compiles on a CUDA GPU, except for the recurrent families on `naive` (their chunk loops are many small
+PyTorch ops whose compilation would dominate a short parity or test run; GPT-2's `naive` is SDPA and compiles) and `fla` (its kernels are flash-linear-attention's autograd functions, not
 operators here); the run log says which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
 `reduce-overhead`): every step has the same shapes, so one graph replays each step's launches.
 """
@@ -35,9 +35,9 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
         on, why = False, "train.compile=false"
     elif device_type != "cuda":
         on, why = False, "auto: off on a CPU (Inductor's CPU code would take minutes to compile for a short run)"
-    elif backend in ("naive", "fla"):
+    elif backend == "fla" or (backend == "naive" and cfg.model.family != "gpt2"):
         on, why = False, (f"auto: off for backend {backend!r} ("
-                          + ("its many small ops would make compile time dominate a short run"
+                          + ("its chunk loops are many small ops: compile time would dominate a short run"
                              if backend == "naive" else "fla's kernels are not torch.library operators here") + ")")
     elif fsdp:
         on, why = False, "auto: off under FSDP2 (whole-model compile with FSDP2 is not checked yet)"
