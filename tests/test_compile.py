@@ -56,3 +56,38 @@ def test_a_training_step_compiles_whole_and_equals_eager(family, backend):
     assert c_grads.keys() == grads.keys()
     bad = {n: e for n, g in grads.items() if not (e := rel_err(c_grads[n], g)) <= 1e-5}
     assert not bad, bad
+
+
+GPU_CELLS = [(f, b) for f, b in CELLS if b != "naive"] + [("gpt2", "naive")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor's bf16 GPU step needs a CUDA GPU")
+@pytest.mark.parametrize("family,backend", [pytest.param(*c, id="-".join(c)) for c in GPU_CELLS])
+def test_compiled_bf16_step_on_the_gpu_is_within_eager_rounding(family, backend):
+    """Inductor's compiled step under bf16 autocast against the eager one, both against the fp32 eager step: the
+    compiled logits, loss and every gradient may be no further from fp32 than twice the eager bf16 step's distance
+    (plus 1e-3 relative), so that a compiled step is as good a bf16 computation as the eager one."""
+    torch.manual_seed(0)
+    dims = {k: (v * 8 if k in ("d_model", "head_k_dim", "head_v_dim", "latent_dim", "ssm_state") else v)
+            for k, v in TINY[family].items()}
+    cfg = ModelConfig(**{"family": family, "vocab_size": 1000, "n_layers": 2, "mlp_hidden": 512, "chunk_size": 64,
+                         **dims, "max_seq_len": 512, "backend": backend})
+    model = build_model(cfg).cuda()
+    x, y = (torch.randint(0, 1000, (2, 320), device="cuda") for _ in range(2))     # 5 chunks of 64
+
+    def run(fn, bf16: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+            logits = fn(x, y)[0].detach().float()
+            loss, grads = loss_and_grads(model, x, y, fn)
+        return logits, loss.float(), {n: g.float() for n, g in grads.items()}
+
+    ref = run(model, False)
+    eager = run(model, True)
+    torch._dynamo.reset()
+    comp = run(torch.compile(model, fullgraph=True, dynamic=False), True)
+
+    def dist(a):
+        return [rel_err(a[0], ref[0]), rel_err(a[1], ref[1])] + [rel_err(a[2][n].float(), g) for n, g in ref[2].items()]
+    names = ["logits", "loss", *ref[2]]
+    bad = {n: (c, e) for n, c, e in zip(names, dist(comp), dist(eager)) if not c <= 2 * e + 1e-3}
+    assert not bad, bad
