@@ -2,258 +2,297 @@
 
     python scripts/scaling.py --config configs/gla_340m.yaml --backend fused --nproc 2
     python scripts/scaling.py --config configs/gdn_340m.yaml --backend fused --nproc 2 --fsdp --steps 40
-    python scripts/scaling.py --config configs/gla_340m.yaml --backend fused --nproc 2 --optim.warmup_steps=500
-    python scripts/scaling.py --report DIR                    # the report of a pair already trained in DIR
-    python scripts/scaling.py --table DIR [DIR ...]           # several pairs in one table and plot
+    python scripts/scaling.py --config configs/gla_340m.yaml,configs/gdn_340m.yaml --backend fused --nproc 2,4 \\
+        --floor --steps 200 --rate-steps 60 --out runs/scaling/ddp      # a whole study on one 4-GPU host
+    python scripts/scaling.py --report DIR                    # the report of a study already trained in DIR
+    python scripts/scaling.py --table DIR [DIR ...]           # several studies in one table and plot
 
-A pair is two runs of train.py with the same model, backend and global batch: one GPU at gradient accumulation
-N·A, and N GPUs under `accelerate launch` (configs/accelerate/ddp.yaml, or fsdp.yaml with --fsdp) at A
-(--grad-accum), so that each step is made of the same rows and only the reduction order differs. Under FSDP the
-one-GPU run is FSDP too (accelerate launch with one process): FSDP on one GPU already differs from plain
-training (bf16 parameters), and the ratio and the loss gap are then the scaling's alone. Runs log every step and
-skip evaluation and checkpoints; --steps sets their length, 10 warm-up steps of learning rate unless an
-override says otherwise. Any other `--a.b=value` is passed to both runs (the data flags, for one). The data
-are prepared once first (python -m data.prepare), so that the N processes do not all tokenize.
+Per config, every run has the same global batch: gpu<N> runs under `accelerate launch` (configs/accelerate/ddp.yaml,
+or fsdp.yaml with --fsdp) on N GPUs at accumulation maxN·A/N (A = --grad-accum, maxN the largest N), gpu1 on one
+GPU at maxN·A, so each step is made of the same rows and only the reduction order differs. --floor adds gpu1-floor:
+one GPU at half the micro-batch and twice the accumulation, the same rows summed in another order; its loss gap is
+what reordering alone costs, and the N-GPU gap is read against it. Under FSDP the one-GPU runs are FSDP too (accelerate
+with one process), so the ratio and the gap are the scaling's alone. gpu1, gpu1-floor and the largest N train --steps
+steps and their losses are compared; the other N train --rate-steps, for their rate. Runs log every step, skip
+evaluation and checkpoints, warm up 10 steps unless an override says otherwise; any other `--a.b=value` reaches every
+run. The data are prepared once per config first (python -m data.prepare), so that the N processes do not all tokenize.
 
-The report: tokens/s of each run and per GPU (the median over the logged steps after --skip), the per-GPU
-efficiency (N-GPU rate per GPU ÷ one GPU's; ≥ 0.90 is the target), peak memory, and the training-loss gap
-(N GPUs − 1 GPU) at every common step. Writes <out>/scaling.{md,json,png}; <out>/gpu1 and <out>/gpu<N> hold
-the runs' metrics.jsonl and run.json (their checkpoints are deleted), <out>/gpu*.log their output. --table
-gathers pair folders (any folder holding gpu1/ and gpu<N>/ with metrics.jsonl, or folders of them) into
-<out>.{md,json,png}. NCCL runs with NVLink multicast off (NCCL_NVLS_ENABLE=0).
+Concurrency: the runs of all configs share one queue and run at once on disjoint GPUs where they fit (--gpus of the
+visible ones; each run gets its own CUDA_VISIBLE_DEVICES and rendezvous port); --serial runs one at a time, for
+timings free of neighbours.
+
+Each config's folder is <out>/<config>-<backend>-<launcher> (with one config, --out is that folder; default parent
+runs/scaling): gpu*/ hold the runs' metrics.jsonl and run.json (their checkpoints are deleted), gpu*.log their output,
+scaling.{md,json,png} the report (scripts/scaling_report.py: rates, per-GPU efficiency against ≥ 0.95 under DDP and
+≥ 0.90 under FSDP, peak memory, loss gaps). With several configs, <out>/scaling.{md,json,png} gathers them; --table
+gathers any study folders into <out>.{md,json,png}. NCCL runs with NVLink multicast off (NCCL_NVLS_ENABLE=0).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import shutil
-import statistics
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+import yaml
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.scaling_report import FLOOR, report, table
 
 REPO = Path(__file__).resolve().parents[1]
-TARGET = 0.90
+RESERVED = ("--train.grad_accum=", "--train.max_steps=", "--train.name=", "--train.out_dir=")   # the study sets them
 
 
-# ---- training a pair ---------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Run:
+    """One training run of a study: its config's folder, its name there, its command and the GPUs it needs."""
+    folder: Path
+    name: str
+    argv: list[str]
+    gpus: int
+    cost: float                     # steps × rows per GPU per step, in one-GPU steps: the schedule's duration guess
+    port: int | None = None         # rendezvous port of an accelerate launch
+    ids: list[str] = field(default_factory=list)     # the physical GPUs it owns, set when scheduled
+    start: float = 0.0              # when it started: seconds, or one-GPU steps in a dry run's estimate
 
-def commands(config: str, backend: str, nproc: int, fsdp: bool, steps: int, grad_accum: int, out: Path,
-             overrides: list[str]) -> list[tuple[str, list[str], dict]]:
-    """(name, argv, extra environment) of the data preparation, the one-GPU run and the N-GPU run."""
+    @property
+    def label(self) -> str:
+        return f"{self.folder.name}/{self.name}"
+
+
+# ---- the runs of one config --------------------------------------------------------------------------------------
+
+def commands(config: str, backend: str, nprocs: list[int], fsdp: bool, steps: int, rate_steps: int, grad_accum: int,
+             out: Path, overrides: list[str], micro: int | None = None,
+             port: int = 29500) -> tuple[list[str], list[Run]]:
+    """The data preparation's argv and the runs of one config: gpu1, gpu<N> for each N and, given the config's
+    micro-batch `micro`, gpu1-floor. The largest N runs at accumulation grad_accum, n GPUs at max(nprocs)·grad_accum/n
+    (an integer: the caller checks). Accelerate launches take the ports port, port + 1, ..."""
+    top, ports = max(nprocs), itertools.count(port)
+    total = top * grad_accum
     launcher = REPO / "configs" / "accelerate" / ("fsdp.yaml" if fsdp else "ddp.yaml")
-    common = ["train.py", "--config", config, "--backend", backend, f"--train.max_steps={steps}",
-              "--train.log_interval=1", "--train.eval_interval=1000000", "--train.eval_batches=4",
-              "--train.ckpt_interval=1000000", "--train.progress=false", f"--train.out_dir={out}",
-              "--optim.warmup_steps=10", *overrides]
-    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launcher)]
-    one = [*accelerate, "--num_processes", "1"] if fsdp else [sys.executable]   # DDP on one process: plain training
+
+    def launch(n: int) -> tuple[int | None, list[str]]:
+        if n == 1 and not fsdp:                                         # DDP on one process: plain training
+            return None, [sys.executable]
+        p = next(ports)
+        return p, [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launcher),
+                   "--num_processes", str(n), "--main_process_port", str(p)]
+
+    def run(name: str, n: int, length: int, extra: list[str]) -> Run:
+        p, head = launch(n)
+        argv = [*head, "train.py", "--config", config, "--backend", backend, f"--train.max_steps={length}",
+                "--train.log_interval=1", "--train.eval_interval=1000000", "--train.eval_batches=4",
+                "--train.ckpt_interval=1000000", "--train.progress=false", f"--train.out_dir={out}",
+                "--optim.warmup_steps=10", *overrides, f"--train.name={name}", *extra]
+        return Run(out, name, argv, n, length / n, p)
+
+    runs = [run("gpu1", 1, steps, [f"--train.grad_accum={total}"])]
+    runs += [run(f"gpu{n}", n, steps if n == top else rate_steps, [f"--train.grad_accum={total // n}"])
+             for n in nprocs]
+    if micro is not None:
+        runs.append(run(FLOOR, 1, steps, [f"--train.grad_accum={2 * total}", f"--train.micro_batch_size={micro // 2}"]))
     data = [o for o in overrides if o.startswith("--data.")]
-    return [("prepare", [sys.executable, "-m", "data.prepare", "--config", config, *data], {}),
-            ("gpu1", [*one, *common, "--train.name=gpu1", f"--train.grad_accum={nproc * grad_accum}"],
-             {"CUDA_VISIBLE_DEVICES": "0"}),
-            (f"gpu{nproc}", [*accelerate, "--num_processes", str(nproc), *common, f"--train.name=gpu{nproc}",
-                             f"--train.grad_accum={grad_accum}"], {})]
+    return [sys.executable, "-m", "data.prepare", "--config", config, *data], runs
 
 
-def train_pair(args, overrides: list[str]) -> None:
-    """Prepares the data, then trains the two runs one after the other, each logging to <out>/<run>.log."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, argv, extra in commands(args.config, args.backend, args.nproc, args.fsdp, args.steps, args.grad_accum,
-                                      args.out, overrides):
-        print(f"== {name}: {' '.join(argv)}", flush=True)
-        with open(args.out / f"{name}.log", "w") as log:
-            try:
-                rc = subprocess.run(argv, cwd=REPO, env={**env, **extra}, stdout=log, stderr=subprocess.STDOUT,
-                                    timeout=args.run_timeout or None).returncode
-            except subprocess.TimeoutExpired:
-                rc = f"timeout after {args.run_timeout} s"
-        if rc != 0:
-            tail = (args.out / f"{name}.log").read_text().splitlines()[-5:]
-            print(f"{name}: exit {rc}; the end of {name}.log:\n" + "\n".join(tail), flush=True)
-            if name == "prepare":
-                raise SystemExit(f"data preparation failed: see {args.out / 'prepare.log'}")
-    for ckpt in args.out.glob("gpu*/checkpoints"):          # gigabytes at 340M, and the report needs none
-        shutil.rmtree(ckpt, ignore_errors=True)
+def micro_batch(config: str, overrides: list[str]) -> int:
+    """train.micro_batch_size of the preset, a --train.micro_batch_size= override winning."""
+    for o in reversed(overrides):
+        if o.startswith("--train.micro_batch_size="):
+            return int(o.split("=", 1)[1])
+    path = Path(config) if Path(config).is_file() else REPO / config
+    value = ((yaml.safe_load(path.read_text()) or {}).get("train") or {}).get("micro_batch_size")
+    if value is None:                                       # the preset leaves it to the dataclass default
+        from config import TrainConfig
+        value = TrainConfig.micro_batch_size
+    return int(value)
 
 
-# ---- the report of one pair --------------------------------------------------------------------------------------
-
-def load(run: Path) -> tuple[dict, dict[int, dict]]:
-    info = json.loads((run / "run.json").read_text())
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return info, {r["step"]: r for r in rows if "loss" in r}
-
-
-def summary(run: Path, skip: int) -> dict:
-    info, steps = load(run)
-    world = info.get("world_size") or info.get("num_processes") or 1
-    tps = [r["tokens_per_s"] for s, r in steps.items() if s > skip and r.get("tokens_per_s")]
-    if not tps:
-        raise SystemExit(f"{run}: no logged step after step {skip}; run more steps or lower --skip")
-    return {"run": run.name, "gpus": world, "tokens_per_s": statistics.median(tps),
-            "per_gpu": statistics.median(tps) / world, "steps": steps,
-            "peak_gb": max((r.get("peak_mem_gb") or 0) for r in steps.values())}
-
-
-def compare(one: Path, many: Path, skip: int) -> dict:
-    """The two runs' summaries, the per-GPU rate ratio (many ÷ one) and the training-loss gap (many − one) at each
-    common step."""
-    a, b = summary(one, skip), summary(many, skip)
-    common = sorted(set(a["steps"]) & set(b["steps"]))
-    gaps = [(s, b["steps"][s]["loss"] - a["steps"][s]["loss"]) for s in common]
-    return {"one": a, "many": b, "ratio": b["per_gpu"] / a["per_gpu"], "gaps": gaps,
-            "max_dloss": max((abs(g) for _, g in gaps), default=float("nan")),
-            "median_dloss": statistics.median(abs(g) for _, g in gaps) if gaps else float("nan")}
+def gpu_ids(count: int | None, dry_run: bool) -> list[str]:
+    """The physical ids of the GPUs the study may use: the first `count` (default all) of CUDA_VISIBLE_DEVICES when
+    it is set, else of the devices torch sees (a dry run with --gpus takes 0..count-1 without looking)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = []
+        for token in (t.strip() for t in env.split(",")):
+            if not token or token.startswith("-"):              # CUDA ignores the list from the first invalid id
+                break
+            ids.append(token)
+    elif dry_run and count is not None:
+        ids = [str(i) for i in range(count)]
+    else:
+        import torch
+        ids = [str(i) for i in range(torch.cuda.device_count())]
+    if count is not None and count > len(ids):
+        raise SystemExit(f"--gpus {count}: only {len(ids)} GPU(s) are visible")
+    return ids[:count] if count is not None else ids
 
 
-def pair_runs(folder: Path) -> tuple[Path | None, list[Path]]:
-    runs = sorted((p for p in folder.glob("gpu*") if (p / "metrics.jsonl").is_file() and p.name[3:].isdigit()),
-                  key=lambda p: int(p.name[3:]))
-    return next((p for p in runs if p.name == "gpu1"), None), [p for p in runs if p.name != "gpu1"]
+# ---- scheduling ------------------------------------------------------------------------------------------------
+
+def order(runs: list[Run]) -> list[Run]:
+    """The queue: the runs needing the most GPUs first, the longest first among those."""
+    return sorted(runs, key=lambda r: (-r.gpus, -r.cost))
 
 
-def pair_row(folder: Path, skip: int) -> dict:
-    """One pair folder as a table row: named by its scaling.json, else by the folder (CONFIG-BACKEND-LAUNCHER)."""
-    meta = json.loads((folder / "scaling.json").read_text()) if (folder / "scaling.json").is_file() else {}
-    config, backend, launcher = (folder.name.split("-", 2) + ["?", "?"])[:3]
-    row = {"pair": folder.name, "config": meta.get("config", config), "backend": meta.get("backend", backend),
-           "launcher": meta.get("launcher", launcher)}
-    one, many = pair_runs(folder)
-    if one is None or not many:
-        return {**row, "status": "missing " + ("the one-GPU run" if one is None else "the multi-GPU run")}
-    try:
-        c = compare(one, many[-1], skip)
-    except SystemExit as e:                    # a run that died before `skip` steps
-        return {**row, "status": str(e)}
-    a, b = c["one"], c["many"]
-    return {**row, "status": "ok", "gpus": b["gpus"], "tps_1": a["tokens_per_s"], "tps_n": b["tokens_per_s"],
-            "per_gpu": b["per_gpu"], "efficiency": c["ratio"], "peak_gb_1": a["peak_gb"], "peak_gb_n": b["peak_gb"],
-            "steps": len(c["gaps"]), "max_dloss": c["max_dloss"], "median_dloss": c["median_dloss"],
-            "dloss": c["gaps"], "loss_1": sorted((s, r["loss"]) for s, r in a["steps"].items()),
-            "loss_n": sorted((s, r["loss"]) for s, r in b["steps"].items())}
+def schedule(runs: list[Run], ids: list[str], serial: bool, start: Callable[[Run], object],
+             wait: Callable[[list], list]) -> None:
+    """Starts the queued runs in order, each on the first free GPUs (its `ids`) as soon as enough are free; a run
+    that does not fit yet lets a later, smaller one go first. With `serial`, one run at a time. start(run) launches
+    a run and returns its handle; wait(handles) blocks until some of them end and returns those."""
+    if too_big := [r.label for r in runs if r.gpus > len(ids)]:
+        raise SystemExit(f"{', '.join(too_big)} need(s) more than the {len(ids)} GPU(s) given")
+    queue, free, running = list(runs), list(ids), {}
+    while queue or running:
+        for run in list(queue):
+            if serial and running:
+                break
+            if run.gpus <= len(free):
+                queue.remove(run)
+                run.ids, free = free[:run.gpus], free[run.gpus:]
+                running[start(run)] = run
+        for handle in wait(list(running)):
+            free = sorted(free + running.pop(handle).ids, key=ids.index)
 
 
-def report(folder: Path, skip: int, meta: dict) -> dict:
-    """<folder>/scaling.{md,json,png} for the pair trained there."""
-    if meta:
-        (folder / "scaling.json").write_text(json.dumps(meta, indent=1))
-    row = pair_row(folder, skip)
-    if row["status"] != "ok":
-        raise SystemExit(f"{folder}: {row['status']}")
-    md = [f"# Scaling: {row['config']} on {row['backend']}, {row['launcher']}, 1 GPU against {row['gpus']}, the same "
-          "global batch", "",
-          *([f"Command: `{meta['command']}`", ""] if meta.get("command") else []),
-          "| run | GPUs | tokens/s | tokens/s per GPU | peak GB |", "|---|---|---|---|---|",
-          f"| gpu1 | 1 | {row['tps_1']:,.0f} | {row['tps_1']:,.0f} | {row['peak_gb_1']:.1f} |",
-          f"| gpu{row['gpus']} | {row['gpus']} | {row['tps_n']:,.0f} | {row['per_gpu']:,.0f} | "
-          f"{row['peak_gb_n']:.1f} |",
-          "", f"Per-GPU efficiency: **{row['efficiency']:.3f}** (target ≥ {TARGET:.2f}: "
-          f"{'met' if row['efficiency'] >= TARGET else 'missed'}); rates are medians over the logged steps after step "
-          f"{skip}.", f"Largest |Δ training loss| over the {row['steps']} common steps: {row['max_dloss']:.4f} "
-          f"(median {row['median_dloss']:.4f}); Δ = the {row['gpus']}-GPU run's loss minus the one-GPU run's.", ""]
-    (folder / "scaling.md").write_text("\n".join(md))
-    (folder / "scaling.json").write_text(json.dumps({**meta, **row}, indent=1))
-    plot_pair(row, folder / "scaling.png")
-    print("\n".join(md))
-    return row
+def simulate(runs: list[Run], ids: list[str], serial: bool) -> list[Run]:
+    """The schedule if each run took its `cost`: the runs in the order they would start, their ids and starts set."""
+    clock, started = [0.0], []
+
+    def start(run: Run) -> Run:
+        run.start = clock[0]
+        started.append(run)
+        return run
+
+    def wait(handles: list[Run]) -> list[Run]:
+        clock[0] = min(r.start + r.cost for r in handles)
+        return [r for r in handles if r.start + r.cost <= clock[0] + 1e-9]
+
+    schedule(runs, ids, serial, start, wait)
+    return started
 
 
-def plot_pair(row: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label in (("loss_1", "1 GPU"), ("loss_n", f"{row['gpus']} GPUs")):
-        ax.plot(*zip(*row[key]), label=label)
-    ax.set(xlabel="step", ylabel="training loss", title=f"{row['config']} {row['backend']} {row['launcher']}")
-    ax.legend()
-    bx.plot(*zip(*row["dloss"]))
-    bx.axhline(0, color="black", lw=0.5)
-    bx.set(xlabel="step", ylabel=f"loss, {row['gpus']} GPUs − 1 GPU (nats)",
-           title=f"per-GPU efficiency {row['efficiency']:.3f}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# ---- several pairs -----------------------------------------------------------------------------------------------
-
-def table_markdown(rows: list[dict], skip: int) -> str:
-    lines = ["| config | backend | launcher | GPUs | tokens/s, 1 GPU | tokens/s, N GPUs | per GPU | efficiency | "
-             "peak GB 1 / N | steps | max / median \\|Δ loss\\| | status |", "|" + "---|" * 12]
-    for r in rows:
-        if r["status"] != "ok":
-            lines.append(f"| {r['config']} | {r['backend']} | {r['launcher']} | | | | | | | | | {r['status']} |")
+def kill(proc: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (accelerate and its workers), SIGKILL if it lingers."""
+    for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=grace)
+            return
+        except (ProcessLookupError, subprocess.TimeoutExpired):
             continue
-        lines.append(f"| {r['config']} | {r['backend']} | {r['launcher']} | {r['gpus']} | {r['tps_1']:,.0f} | "
-                     f"{r['tps_n']:,.0f} | {r['per_gpu']:,.0f} | **{r['efficiency']:.3f}** | {r['peak_gb_1']:.1f} / "
-                     f"{r['peak_gb_n']:.1f} | {r['steps']} | {r['max_dloss']:.4f} / {r['median_dloss']:.4f} | ok |")
-    return "\n".join(lines + ["", f"Rates are medians over the logged steps after step {skip}; the loss gap is the "
-                              "N-GPU run's training loss minus the one-GPU run's at each common step.", ""])
 
 
-def plot_table(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def execute(runs: list[Run], ids: list[str], serial: bool, timeout: float, env: dict[str, str],
+            poll: float = 1.0) -> dict[Run, int | str]:
+    """Trains the runs as `schedule` places them, each in its own process group with CUDA_VISIBLE_DEVICES = its ids
+    and its output in <folder>/<name>.log; a run past `timeout` seconds (0: none) is killed. Returns each run's exit
+    code (or why it was stopped); a failed run does not stop the others."""
+    procs, results, t0 = {}, {}, time.monotonic()
 
-    ok = [r for r in rows if r["status"] == "ok"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5))
-    ax.barh([r["pair"] for r in ok], [r["efficiency"] for r in ok], color="tab:blue")
-    ax.axvline(TARGET, color="tab:red", ls="--", label=f"{TARGET:.2f} target")
-    ax.set_xlabel("tokens/s per GPU, N GPUs ÷ 1 GPU")
-    ax.legend()
-    for r in ok:
-        bx.plot(*zip(*r["dloss"]), label=r["pair"])
-    bx.axhline(0, color="black", lw=0.5)
-    bx.set(xlabel="step", ylabel="training loss, N GPUs − 1 GPU (nats)")
-    bx.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    def start(run: Run) -> subprocess.Popen:
+        run.folder.mkdir(parents=True, exist_ok=True)
+        with open(run.folder / f"{run.name}.log", "w") as log:
+            proc = subprocess.Popen(run.argv, cwd=REPO, env={**env, "CUDA_VISIBLE_DEVICES": ",".join(run.ids)},
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        run.start = time.monotonic()
+        print(f"[{run.start - t0:6.0f} s] start {run.label} on GPUs {','.join(run.ids)}"
+              + (f", port {run.port}" if run.port else ""), flush=True)
+        procs[proc] = run
+        return proc
+
+    def wait(handles: list[subprocess.Popen]) -> list[subprocess.Popen]:
+        while True:
+            done = []
+            for proc in handles:
+                run, rc = procs[proc], proc.poll()
+                if rc is None and timeout and time.monotonic() - run.start > timeout:
+                    kill(proc)
+                    rc = f"timeout after {timeout:g} s"
+                if rc is not None:
+                    results[run] = rc
+                    finished(run, rc, time.monotonic() - t0)
+                    done.append(proc)
+            if done:
+                return done
+            time.sleep(poll)
+
+    try:
+        schedule(runs, ids, serial, start, wait)
+    except BaseException:                                   # Ctrl-C or a bug: no orphaned training on the GPUs
+        for proc in procs:
+            if proc.poll() is None:
+                kill(proc)
+        raise
+    return results
 
 
-def table(paths: list[Path], skip: int, out: Path | None) -> list[dict]:
-    """Every pair folder among paths (a path holding gpu*/metrics.jsonl is one; otherwise its subfolders that
-    do), one row each, written to <out>.{md,json,png} (default: <first path>/scaling)."""
-    pairs = []
-    for p in paths:
-        if not p.is_dir():
-            raise SystemExit(f"{p}: no such folder")
-        pairs += [p] if any(p.glob("gpu*/metrics.jsonl")) else \
-            sorted(d for d in p.iterdir() if d.is_dir() and any(d.glob("gpu*/metrics.jsonl")))
-    if not pairs:
-        raise SystemExit(f"{', '.join(map(str, paths))}: no pair folder (gpu1/ and gpu<N>/ with metrics.jsonl) in it")
-    rows = [pair_row(d, skip) for d in pairs]
-    out = out or paths[0] / "scaling"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    md = table_markdown(rows, skip)
-    out.with_suffix(".md").write_text(md)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    plot_table(rows, out.with_suffix(".png"))
-    print(md)
-    return rows
+def finished(run: Run, rc: int | str, now: float) -> None:
+    """The end line of a run, the end of its log if it failed; its checkpoints deleted (gigabytes at 340M, and the
+    report needs none)."""
+    status = rc if isinstance(rc, str) else f"exit {rc}"
+    print(f"[{now:6.0f} s] end {run.label} on GPUs {','.join(run.ids)}: {time.monotonic() - run.start:.0f} s, "
+          f"{status}", flush=True)
+    if rc != 0:
+        tail = (run.folder / f"{run.name}.log").read_text(errors="replace").splitlines()[-5:]
+        print(f"the end of {run.folder / run.name}.log:\n" + "\n".join(tail), flush=True)
+    shutil.rmtree(run.folder / run.name / "checkpoints", ignore_errors=True)
+
+
+def prepare(folder: Path, argv: list[str], env: dict[str, str]) -> None:
+    """The config's data preparation, before any training; its failure stops the study."""
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"== prepare {folder.name}: {' '.join(argv)}", flush=True)
+    with open(folder / "prepare.log", "w") as log:
+        if subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            raise SystemExit(f"data preparation failed: see {folder / 'prepare.log'}")
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+def counts(text: str, p: argparse.ArgumentParser) -> list[int]:
+    try:
+        values = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        p.error(f"--nproc takes GPU counts separated by commas, e.g. 2,4; got {text!r}")
+    if not values or values[0] < 2:
+        p.error(f"--nproc must be at least 2 (the GPUs of the multi-GPU runs), got {text}")
+    return values
 
 
 def main(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="the model's preset, e.g. configs/gla_340m.yaml")
-    p.add_argument("--backend", default="fused", help="train.py's --backend for both runs (default fused)")
-    p.add_argument("--nproc", type=int, default=2, help="GPUs of the second run (at least 2)")
+    p.add_argument("--config", help="presets separated by commas, e.g. configs/gla_340m.yaml,configs/gdn_340m.yaml")
+    p.add_argument("--backend", default="fused", help="train.py's --backend for every run (default fused)")
+    p.add_argument("--nproc", default="2", help="GPU counts of the multi-GPU runs, e.g. 2,4 (each at least 2)")
     p.add_argument("--fsdp", action="store_true", help="FSDP (configs/accelerate/fsdp.yaml) instead of DDP")
-    p.add_argument("--steps", type=int, default=60, help="training steps of each run (default 60)")
-    p.add_argument("--grad-accum", type=int, default=2, help="the N-GPU run's accumulation; the one-GPU run's is N×")
+    p.add_argument("--floor", action="store_true", help="add gpu1-floor: one GPU, half the micro-batch, twice the "
+                   "accumulation (the loss gap of reordering alone)")
+    p.add_argument("--steps", type=int, default=60, help="steps of the runs whose losses are compared: gpu1, "
+                   "gpu1-floor and the largest N (default 60)")
+    p.add_argument("--rate-steps", type=int, help="steps of the other N-GPU runs, which give a rate (default --steps)")
+    p.add_argument("--grad-accum", type=int, default=2, help="the largest N's accumulation; n GPUs run at maxN·A/n")
+    p.add_argument("--gpus", type=int, help="GPUs to use (default: all visible, CUDA_VISIBLE_DEVICES respected)")
+    p.add_argument("--serial", action="store_true", help="one run at a time (timings free of neighbours)")
+    p.add_argument("--port", type=int, default=29500, help="first rendezvous port; each launch takes the next")
     p.add_argument("--skip", type=int, default=10, help="steps left out of the rates (compilation, autotuning)")
     p.add_argument("--run-timeout", type=int, default=0, help="seconds each run may take (0: no limit)")
-    p.add_argument("--out", type=Path, help="the pair's folder (default runs/scaling/<config>-<backend>-<launcher>); "
-                   "with --table, the stem of the table's files (default <first DIR>/scaling)")
-    p.add_argument("--report", type=Path, metavar="DIR", help="only report the pair already trained in DIR")
-    p.add_argument("--table", type=Path, nargs="+", metavar="DIR", help="gather pair folders into one table")
-    p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    p.add_argument("--out", type=Path, help="one config: its folder (default runs/scaling/<config>-<backend>-"
+                   "<launcher>); several: their parent (default runs/scaling); with --table, the stem of the table's "
+                   "files (default <first DIR>/scaling)")
+    p.add_argument("--report", type=Path, metavar="DIR", help="only report the study already trained in DIR")
+    p.add_argument("--table", type=Path, nargs="+", metavar="DIR", help="gather study folders into one table")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and the schedule, and exit")
     args, overrides = p.parse_known_args(argv)
     if bad := [o for o in overrides if not o.startswith("--") or "=" not in o]:
         p.error(f"unrecognised arguments {' '.join(bad)}: train.py overrides take the form --a.b=value")
@@ -262,22 +301,64 @@ def main(argv: list[str] | None = None):
     if args.report:
         return report(args.report, args.skip, {})
     if not args.config:
-        p.error("--config is required to train a pair (or give --report DIR or --table DIR ...)")
-    if args.nproc < 2:
-        p.error(f"--nproc must be at least 2 (the second run's GPUs), got {args.nproc}")
+        p.error("--config is required to train (or give --report DIR or --table DIR ...)")
+    if taken := [o for o in overrides if o.startswith(RESERVED)]:
+        p.error(f"{' '.join(taken)}: the study sets these (use --grad-accum, --steps, --out)")
+    configs, nprocs = [c for c in args.config.split(",") if c], counts(args.nproc, p)
+    if bad := [n for n in nprocs if nprocs[-1] * args.grad_accum % n]:
+        p.error(f"--nproc {args.nproc} at --grad-accum {args.grad_accum}: the global batch of {nprocs[-1]} × "
+                f"{args.grad_accum} micro-batches does not divide over {', '.join(map(str, bad))} GPUs")
     launcher = "fsdp" if args.fsdp else "ddp"
-    name = Path(args.config).stem
-    args.out = (args.out or REPO / "runs" / "scaling" / f"{name}-{args.backend}-{launcher}").resolve()
+    folders = [f"{Path(c).stem}-{args.backend}-{launcher}" for c in configs]
+    if len(set(folders)) < len(folders):
+        p.error(f"two configs would share a folder: {', '.join(folders)}")
+    parent = (args.out if args.out and len(configs) > 1 else REPO / "runs" / "scaling").resolve()
+    paths = [args.out.resolve()] if args.out and len(configs) == 1 else [parent / f for f in folders]
+    studies, port = [], args.port
+    for config, folder in zip(configs, paths):
+        micro = micro_batch(config, overrides) if args.floor else None
+        if micro is not None and micro % 2:
+            p.error(f"--floor halves the micro-batch, and {config}'s is {micro}, odd: pass an even "
+                    "--train.micro_batch_size=")
+        prep, runs = commands(config, args.backend, nprocs, args.fsdp, args.steps, args.rate_steps or args.steps,
+                              args.grad_accum, folder, overrides, micro, port)
+        port += sum(r.port is not None for r in runs)
+        studies.append((config, folder, prep, runs))
+    queue = order([r for *_, runs in studies for r in runs])
+    ids = gpu_ids(args.gpus, args.dry_run)
+    if args.dry_run and not ids:
+        ids = [str(i) for i in range(nprocs[-1])]
+        print(f"no GPU visible: the dry run assumes {nprocs[-1]}")
+    mode = "one at a time" if args.serial else "concurrently on disjoint GPUs"
     if args.dry_run:
-        cmds = commands(args.config, args.backend, args.nproc, args.fsdp, args.steps, args.grad_accum, args.out,
-                        overrides)
-        for run, argv_, extra in cmds:
-            print(f"{run}: " + "".join(f"{k}={v} " for k, v in extra.items()) + " ".join(argv_))
-        return cmds
-    train_pair(args, overrides)
+        planned = simulate(queue, ids, args.serial)
+        for _, folder, prep, _ in studies:
+            print(f"prepare {folder.name}: {' '.join(prep)}")
+        print(f"schedule on GPUs {','.join(ids)}, {mode} (starts in one-GPU steps, if time ∝ steps × rows per GPU):")
+        for k, run in enumerate(planned, 1):
+            print(f"{k}. {run.label} at ≈{run.start:g}: CUDA_VISIBLE_DEVICES={','.join(run.ids)} "
+                  + (f"port {run.port}: " if run.port else "") + " ".join(run.argv))
+        return [(folder, prep) for _, folder, prep, _ in studies], planned
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
+    for _, folder, prep, _ in studies:
+        prepare(folder, prep, env)
+    print(f"== {len(queue)} runs on GPUs {','.join(ids)}, {mode}", flush=True)
+    results = execute(queue, ids, args.serial, args.run_timeout, env)
     command = "python scripts/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    return report(args.out, args.skip, {"config": name, "backend": args.backend, "launcher": launcher,
-                                        "nproc": args.nproc, "command": command})
+    reports = []
+    for config, folder, _, runs in studies:
+        failed = {r.name: (rc if isinstance(rc, str) else f"exit {rc}") + f", see {r.name}.log"
+                  for r in runs if (rc := results.get(r, "not run")) != 0}
+        meta = {"config": Path(config).stem, "backend": args.backend, "launcher": launcher, "nproc": nprocs,
+                "grad_accum": args.grad_accum, "steps": args.steps, "rate_steps": args.rate_steps or args.steps,
+                "planned": [r.name for r in runs], "failed": failed, "command": command}
+        try:
+            reports.append(report(folder, args.skip, meta))
+        except SystemExit as e:                             # gpu1 failed: the other configs still get theirs
+            print(f"no report for {folder.name}: {e}", flush=True)
+    if len(studies) > 1:
+        table([folder for _, folder, _, _ in studies], args.skip, parent / "scaling")
+    return reports
 
 
 if __name__ == "__main__":
