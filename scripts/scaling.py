@@ -227,6 +227,10 @@ def execute(runs: list[Run], ids: list[str], serial: bool, timeout: float, env: 
                 return done
             time.sleep(poll)
 
+    def terminated(signum, frame):
+        raise SystemExit(f"scaling.py: stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminated)     # `timeout` or a job manager: the same clean-up as Ctrl-C
     try:
         schedule(runs, ids, serial, start, wait)
     except BaseException:                                   # Ctrl-C or a bug: no orphaned training on the GPUs
@@ -234,6 +238,8 @@ def execute(runs: list[Run], ids: list[str], serial: bool, timeout: float, env: 
             if proc.poll() is None:
                 kill(proc)
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return results
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
 import scripts.scaling as scaling
-from scripts.scaling import Run, execute, gpu_ids, main, order
+from scripts.scaling import REPO, Run, execute, gpu_ids, main, order
 
 GLA, GDN = "configs/gla_340m.yaml", "configs/gdn_340m.yaml"
 
@@ -267,6 +270,31 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
     assert results[slow] == "timeout after 0.5 s" and results[fast] == 0 and time.monotonic() - t < 20
     assert len(records(log)) == 1
 
+
+
+def test_a_terminated_study_leaves_no_run_behind(tmp_path):
+    """SIGTERM (`timeout`, a job manager) to scaling.py kills its runs too: they run in their own sessions, so
+    nothing else would, and they would hold the GPUs on."""
+    pid_file = tmp_path / "pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    driver = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
+              f"from scripts.scaling import Run, execute; "
+              f"execute([Run(Path({str(tmp_path)!r}), 'gpu1', [sys.executable, '-c', {child!r}], 1, 1.0)], ['0'], "
+              f"False, 0, {{}}, poll=0.02)")
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    deadline = time.monotonic() + 30
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=40) != 0
+    for _ in range(100):                    # reaped by the driver, or by init just after
+        try:
+            os.kill(run_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"run process {run_pid} outlived the terminated study")
 
 FAKE_TRAIN = """import json, os, sys
 a = dict(x[2:].split("=", 1) for x in sys.argv[1:] if x.startswith("--") and "=" in x)

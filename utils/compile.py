@@ -61,6 +61,12 @@ def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     """The module's forward compiled whole (fullgraph) with the configured backend and, with cuda_graphs,
     Inductor's CUDA graphs. Static shapes: every training step has the same, and Dynamo would otherwise trace
     dynamic shapes once the same forward had been compiled at another shape in this process (a test's, say),
-    where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models."""
+    where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models.
+
+    Under DDP the wrapper's own forward (bucket rebuilding, hooks) cannot be traced, so fullgraph is off there:
+    Dynamo runs it eagerly and compiles the module inside, which Dynamo's DDPOptimizer splits at DDP's gradient
+    buckets so that each bucket's all-reduce still overlaps the backward. The module inside has no graph break
+    of its own (tests/test_compile.py compiles every model fullgraph)."""
     mode = "reduce-overhead" if cfg.train.cuda_graphs else None
-    return torch.compile(model, fullgraph=True, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    return torch.compile(model, fullgraph=not ddp, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
