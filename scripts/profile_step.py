@@ -1,0 +1,215 @@
+"""Where does a training step's time go? GPU busy fraction, top kernels, host gaps and, under DDP, how much of the
+all-reduce is exposed, for one or several DDP settings in one launch.
+
+    python scripts/profile_step.py --config configs/gla_340m.yaml --backend fused
+    accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 4 scripts/profile_step.py \\
+        --config configs/gla_340m.yaml --variants local,ddp,ddp:bucket=100:view,ddp:compile
+
+Each variant trains --warmup steps, then --steps steps under torch.profiler (forward, backward, gradient clipping,
+fused AdamW; bf16 autocast; random tokens at the config's micro-batch and length, one micro-batch per step), all
+ranks at once. Variants (`:`-separated options after the kind):
+  local        every rank steps its own model copy with no communication: the one-GPU step, measured while the
+               other GPUs do the same
+  ddp          DistributedDataParallel; options: bucket=MB (bucket_cap_mb, default 25), view
+               (gradient_as_bucket_view), static (static_graph), compile (torch.compile of the DDP module, as
+               train.py's --train.compile: Dynamo's DDPOptimizer splits it at the buckets)
+  (`local:compile` compiles the local step fullgraph.)
+From rank 0's kernel timeline: step time (wall, between two synchronizations, per step), GPU busy (the union of
+its kernels, copies and sets over the wall time), host gaps (wall − busy), communication (NCCL kernels) and
+exposed communication (NCCL time during which no other kernel runs: what the step waits for), and the top
+kernels by total time. Writes <out>/profile.{md,json}; --trace also keeps rank 0's Chrome trace per variant.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from config import load_config  # noqa: E402
+from model import build_model  # noqa: E402
+
+BUSY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by [start, end) intervals."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def subtract_length(these: list[tuple[float, float]], others: list[tuple[float, float]]) -> float:
+    """Length of the union of `these` not covered by the union of `others`."""
+    return union_length(these + others) - union_length(others)
+
+
+def analyse(trace: dict, wall_us: float, steps: int, top: int = 12) -> dict:
+    """Rank 0's Chrome trace → the step's busy, gap and communication numbers (µs per step) and its top kernels."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("cat") in BUSY_CATS and e.get("dur", 0) > 0]
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events]
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" in e["name"].lower()]
+    compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" not in e["name"].lower()]
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(e["name"], []).append(e["dur"])
+    busy = union_length(spans)
+    kernels = sorted(((sum(d), len(d), n) for n, d in by_name.items()), reverse=True)[:top]
+    return {"step_ms": wall_us / steps / 1e3, "busy": busy / wall_us if wall_us else 0.0,
+            "gap_ms": (wall_us - busy) / steps / 1e3, "comm_ms": union_length(comm) / steps / 1e3,
+            "exposed_comm_ms": subtract_length(comm, compute) / steps / 1e3,
+            "top": [{"name": n, "ms_per_step": t / steps / 1e3, "calls_per_step": c / steps} for t, c, n in kernels]}
+
+
+def parse_variant(text: str) -> dict:
+    kind, *opts = text.split(":")
+    if kind not in ("local", "ddp"):
+        raise SystemExit(f"variant {text!r}: the kind must be local or ddp")
+    v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False}
+    for o in opts:
+        key, _, val = o.partition("=")
+        if key == "bucket" and kind == "ddp" and val.isdigit():
+            v["bucket"] = int(val)
+        elif key in ("view", "static") and kind == "ddp" and not val:
+            v[key] = True
+        elif key == "compile" and not val:
+            v["compile"] = True
+        else:
+            raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, view, static, compile; "
+                             "local takes compile)")
+    return v
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--backend", default="fused")
+    p.add_argument("--variants", default="local", help="comma-separated, e.g. local,ddp,ddp:bucket=100:view")
+    p.add_argument("--micro-batch", type=int, help="default: the config's train.micro_batch_size")
+    p.add_argument("--seq-len", type=int, help="default: the config's data.seq_len")
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("runs/profile"))
+    p.add_argument("--trace", action="store_true", help="keep rank 0's Chrome trace of each variant")
+    args = p.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variants.split(",") if v]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if any(v["kind"] == "ddp" for v in variants) and world < 2:
+        raise SystemExit("ddp variants need several processes: run under accelerate launch --num_processes N "
+                         "(or torchrun)")
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    cfg = load_config(args.config, [f"--model.backend={args.backend}"])
+    B, T = args.micro_batch or cfg.train.micro_batch_size, args.seq_len or cfg.data.seq_len
+    g = torch.Generator(device=device).manual_seed(rank)
+    x, y = (torch.randint(0, cfg.model.vocab_size, (B, T), device=device, generator=g) for _ in range(2))
+    results = []
+    for v in variants:
+        r = profile_variant(v, cfg, x, y, device, local, world, args)
+        if rank == 0:
+            results.append(r)
+            print(f"{v['name']}: {r['step_ms']:.1f} ms/step, busy {r['busy']:.1%}, comm {r['comm_ms']:.1f} ms, "
+                  f"exposed {r['exposed_comm_ms']:.1f} ms", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if rank == 0:
+        write(results, args, world, B, T)
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return results
+
+
+def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torch.device, local: int, world: int,
+                    args) -> dict | None:
+    """Warm-up, then the profiled steps of one variant on a fresh model; rank 0's numbers (None elsewhere)."""
+    cuda = device.type == "cuda"
+    torch.manual_seed(0)
+    module = build_model(cfg.model).to(device)
+    model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
+        module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
+        gradient_as_bucket_view=v["view"], static_graph=v["static"])
+    step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=cuda)
+
+    def step() -> None:
+        with torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext():
+            loss = step_fn(x, y, return_logits=False)[1]
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.time()
+    step()
+    first_s = time.time() - t0
+    for _ in range(args.warmup - 1):
+        step()
+    sync(cuda, world)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        sync(cuda, world)
+        wall_us = (time.perf_counter() - t0) * 1e6
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"trace-{v['name'].replace(':', '_').replace('=', '')}.json"
+    prof.export_chrome_trace(str(path))
+    r = {**v, **analyse(json.loads(path.read_text()), wall_us, args.steps), "first_step_s": first_s,
+         "tokens_per_s_per_gpu": x.numel() * args.steps / (wall_us / 1e6)}
+    if not args.trace:
+        path.unlink()
+    return r
+
+
+def sync(cuda: bool, world: int) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+    if world > 1:
+        torch.distributed.barrier()
+
+
+def write(results: list[dict], args, world: int, B: int, T: int) -> None:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    base = next((r for r in results if r["kind"] == "local"), None)
+    lines = [f"# Step profile: {Path(args.config).stem} on {args.backend}, {world} process(es), {dev}", "",
+             f"Command: `{' '.join(['python', *sys.argv])}`  ", f"torch {torch.__version__}; micro-batch {B} × "
+             f"{T} tokens per GPU, one micro-batch per step, {'bf16 autocast' if torch.cuda.is_available() else 'fp32'}, {args.steps} profiled steps after "
+             f"{args.warmup}.", "",
+             "| variant | ms / step | tokens/s per GPU | ÷ local | GPU busy | host gaps ms | NCCL ms | exposed NCCL ms |"
+             " first step s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.3f}" if base else ""
+        lines.append(f"| {r['name']} | {r['step_ms']:.1f} | {r['tokens_per_s_per_gpu']:,.0f} | {ratio} | "
+                     f"{r['busy']:.1%} | {r['gap_ms']:.1f} | {r['comm_ms']:.1f} | {r['exposed_comm_ms']:.1f} | "
+                     f"{r['first_step_s']:.1f} |")
+    for r in results:
+        lines += ["", f"Top kernels, {r['name']} (ms per step, calls per step):", ""]
+        lines += [f"- {k['ms_per_step']:.2f} ms ×{k['calls_per_step']:.0f} `{k['name'][:90]}`" for k in r["top"]]
+    (args.out / "profile.md").write_text("\n".join(lines) + "\n")
+    (args.out / "profile.json").write_text(json.dumps(results, indent=1))
+    print("\n".join(lines[:6 + len(results) + 2]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""scripts/profile_step.py: the timeline arithmetic on a made-up trace (busy, gaps, communication hidden behind
+compute or exposed), the variant syntax, and a CPU run of the local step."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts.profile_step import analyse, main, parse_variant, subtract_length, union_length
+
+
+def test_interval_arithmetic():
+    assert union_length([(0, 2), (1, 3), (5, 6), (5.5, 5.8)]) == 4
+    assert union_length([]) == 0
+    assert subtract_length([(0, 10)], [(2, 4), (3, 5), (8, 12)]) == 5      # 0-2, 5-8
+
+
+def test_the_exposed_all_reduce_is_the_part_no_kernel_hides():
+    k = lambda name, ts, dur, cat="kernel": {"name": name, "ts": ts, "dur": dur, "cat": cat}
+    trace = {"traceEvents": [k("gemm", 0, 400), k("ncclDevKernel_AllReduce_Sum_f32", 300, 300),
+                             k("Memcpy DtoD", 650, 50, "gpu_memcpy"), k("adam", 800, 100),
+                             {"name": "aten::mm", "ts": 0, "dur": 900, "cat": "cpu_op"}]}
+    r = analyse(trace, wall_us=2000, steps=2)
+    assert r["step_ms"] == pytest.approx(1.0)
+    assert r["busy"] == pytest.approx(750 / 2000)                  # 0-600, 650-700 and 800-900
+    assert r["gap_ms"] == pytest.approx(0.625)
+    assert r["comm_ms"] == pytest.approx(0.15) and r["exposed_comm_ms"] == pytest.approx(0.1)   # 400-600 of 300-600
+    assert [t["name"] for t in r["top"]][:2] == ["gemm", "ncclDevKernel_AllReduce_Sum_f32"]
+
+
+@pytest.mark.parametrize("text,message", [("fsdp", "must be local or ddp"), ("ddp:bucket=x", "unknown option"),
+                                          ("local:view", "unknown option")])
+def test_bad_variants(text, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_variant(text)
+    assert parse_variant("ddp:bucket=100:view:static:compile") == {
+        "name": "ddp:bucket=100:view:static:compile", "kind": "ddp", "bucket": 100, "view": True, "static": True,
+        "compile": True}
+
+
+def test_a_cpu_profile_of_the_local_step(tmp_path):
+    r, = main(["--config", "configs/smoke.yaml", "--backend", "naive", "--warmup", "1", "--steps", "1",
+               "--out", str(tmp_path)])
+    assert r["step_ms"] > 0 and r["comm_ms"] == 0 and r["tokens_per_s_per_gpu"] > 0
+    assert "| local |" in (tmp_path / "profile.md").read_text()
+    assert json.loads((tmp_path / "profile.json").read_text())[0]["name"] == "local"
+    with pytest.raises(SystemExit, match="need several processes"):
+        main(["--config", "configs/smoke.yaml", "--variants", "ddp", "--out", str(tmp_path)])
