@@ -25,9 +25,15 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.scaling import kill  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = frozenset({"tokens_per_s", "mfu", "peak_mem_gb", "first_step_s", "elapsed_s"})
@@ -82,7 +88,12 @@ def run(cmd: list[str], log: Path, extra: dict | None = None) -> int:
     print(f"== {' '.join(cmd)}  (log: {log})", flush=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0", **(extra or {})}
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait()
+        except BaseException:              # Ctrl-C or SIGTERM: no training or evaluation left behind on the GPUs
+            kill(proc)
+            raise
     if rc:
         print(f"exit {rc}; the end of {log}:\n" + "\n".join(log.read_text().splitlines()[-8:]), flush=True)
     return rc
@@ -150,6 +161,10 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def _terminated(signum, frame):
+    raise SystemExit(f"check_resume.py: stopped by signal {signum}")
+
+
 def markdown(r: dict, args) -> str:
     lines = [f"# Resume check: {r['config']} on {r['backend']}, {r['nproc']} process(es), launcher {r['launcher']}",
              "", f"Command: `{r['command']}`", ""]
@@ -170,4 +185,5 @@ def markdown(r: dict, args) -> str:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _terminated)      # `timeout` or a job manager: the same clean-up as Ctrl-C
     main()

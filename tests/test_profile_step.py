@@ -23,6 +23,7 @@ def test_the_exposed_all_reduce_is_the_part_no_kernel_hides():
     r = analyse(trace, wall_us=2000, steps=2)
     assert r["step_ms"] == pytest.approx(1.0)
     assert r["busy"] == pytest.approx(750 / 2000)                  # 0-600, 650-700 and 800-900
+    assert r["compute_busy"] == pytest.approx(550 / 2000)          # without the all-reduce
     assert r["gap_ms"] == pytest.approx(0.625)
     assert r["comm_ms"] == pytest.approx(0.15) and r["exposed_comm_ms"] == pytest.approx(0.1)   # 400-600 of 300-600
     assert [t["name"] for t in r["top"]][:2] == ["gemm", "ncclDevKernel_AllReduce_Sum_f32"]
