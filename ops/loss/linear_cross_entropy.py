@@ -28,6 +28,10 @@ from ops.library import absent, kernel_op
 from ops.loss.cross_entropy import ce_rows
 
 CHUNK = 4096                 # rows per chunk: fp32 logits of 4096 × 50,257 are 823 MB
+# The logits' rows are padded to a multiple of PAD columns (zero weight rows): at an odd vocabulary (GPT-2's 50,257)
+# every GEMM's leading dimension is odd, and cuBLAS falls back to unaligned kernels (sm75 `align1` CUTLASS on an
+# H100/H200: a quarter of gla_340m's step). The padding's logits are 0 and stay out of the softmax.
+PAD = 64
 IGNORE_INDEX = -100          # F.cross_entropy's default: targets with this value add no loss and no gradient
 
 
@@ -62,7 +66,11 @@ def linear_cross_entropy_fwd(x: torch.Tensor, weight: torch.Tensor, targets: tor
     the mean loss over the targets ≠ IGNORE_INDEX (a 0-dim fp32 tensor) and, with want_grad, its gradients
     dx [N, d] in `dtype` and dW [vocab, d] fp32 (else two 0-element `absent` tensors), all fresh and contiguous.
     want_grad is decided by the caller: grad mode is always off inside an operator's body."""
-    xc, wc = x.to(dtype), weight.to(dtype)
+    V, d = weight.shape
+    Vp = -(-V // PAD) * PAD
+    xc = x.to(dtype)
+    wc = torch.zeros(Vp, d, device=x.device, dtype=dtype)                  # zero rows past the vocabulary
+    wc[:V] = weight
     valid = targets != IGNORE_INDEX
     count = valid.sum().clamp_min(1)
     loss = torch.zeros((), device=x.device, dtype=torch.float32)
@@ -73,17 +81,19 @@ def linear_cross_entropy_fwd(x: torch.Tensor, weight: torch.Tensor, targets: tor
     with torch.autocast(x.device.type, enabled=False):
         for a in range(0, x.shape[0], chunk):
             rows = slice(a, a + chunk)
-            z = xc[rows] @ wc.t()                                               # [c, vocab], the GEMM's dtype
+            z = xc[rows] @ wc.t()                                   # [c, Vp], the GEMM's dtype; z[:, V:] = 0
             if z.is_cuda:                      # one kernel: the loss terms, and the gradient written over z
-                loss += ce_rows(z, targets[rows], inv, want_grad, IGNORE_INDEX).sum()
-                dz = z
+                loss += ce_rows(z[:, :V], targets[rows], inv, want_grad, IGNORE_INDEX).sum()
             else:
-                step, dz = _ce_rows_torch(z, targets[rows], valid[rows], inv, want_grad)
+                step, dz = _ce_rows_torch(z[:, :V], targets[rows], valid[rows], inv, want_grad)
                 loss += step
+                if want_grad:
+                    z[:, :V] = dz
             if want_grad:
-                dx[rows] = dz @ wc
-                dw += (dz.t() @ xc[rows]).float()
-            del z, dz
+                z[:, V:] = 0                   # the padding's logits are no gradient (and x·0 may be NaN)
+                dx[rows] = z @ wc
+                dw += (z[:, :V].t() @ xc[rows]).float()
+            del z
     return loss / count, dx, dw
 
 

@@ -21,11 +21,12 @@ def reference(x, w, t):
 
 @pytest.mark.parametrize("chunk", [7, 16, 1000])                      # ragged, exact, one chunk
 @pytest.mark.parametrize("ignore", [False, True])
-def test_matches_pytorch_fp32(chunk, ignore):
+@pytest.mark.parametrize("vocab", [101, 128])                          # padded to 128 inside, and not padded
+def test_matches_pytorch_fp32(chunk, ignore, vocab):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 24, 32, generator=g, requires_grad=True)
-    w = (torch.randn(101, 32, generator=g) / 4).requires_grad_()
-    t = torch.randint(0, 101, (2, 24), generator=g)
+    w = (torch.randn(vocab, 32, generator=g) / 4).requires_grad_()
+    t = torch.randint(0, vocab, (2, 24), generator=g)
     if ignore:
         t[0, :5] = IGNORE_INDEX
         t[1, -3:] = IGNORE_INDEX
