@@ -2,11 +2,18 @@
 
     store = prepare_split(cfg.data, "train")        # builds on first use, verifies afterwards
     python -m data.prepare --config configs/gla_125m.yaml   # all three splits ahead of a run
+
+A text split's meta.json counts its raw text: `n_bytes` (UTF-8), `n_words` (whitespace-separated words) and
+`n_words_eol` (each row's words plus one end-of-line token: WikiText-103's published word count, one row being
+one line of the file, empty lines included). A TextRewrite (a detokenizer) changes the text that is tokenized,
+not these counts, and its shards live in a folder of their own.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +24,18 @@ from data.sources import (SPLITS, Source, default_num_proc, load_text, local_spl
                           text_fingerprint)
 from data.synthetic import MarkovSource
 from data.tokenizer import EOT, get_tokenizer, tokenizer_fingerprint
+
+# What meta.json records of a text split; part of the fingerprint, so folders written before a change are rebuilt
+TEXT_META_VERSION = 2
+
+
+@dataclass(frozen=True)
+class TextRewrite:
+    """A rewrite of each row's text before tokenization. `name` suffixes the split's cache folder
+    (`<split>-<name>`, beside the plain one); `key` identifies the rules, so that changed rules rebuild it."""
+    name: str
+    key: str
+    fn: Callable[[str], str]
 
 
 def source_for(cfg: DataConfig, split: str) -> Source:
@@ -36,8 +55,8 @@ def check_sources(cfg: DataConfig, splits: list[str] | tuple[str, ...]) -> None:
             local_split_file(src, split)
 
 
-def shard_folder(cfg: DataConfig, src: Source, split: str) -> Path:
-    return Path(cfg.cache_dir) / src.slug / split
+def shard_folder(cfg: DataConfig, src: Source, split: str, rewrite: TextRewrite | None = None) -> Path:
+    return Path(cfg.cache_dir) / src.slug / (f"{split}-{rewrite.name}" if rewrite else split)
 
 
 def _synthetic(cfg: DataConfig, split: str, folder: Path, log) -> dict:
@@ -54,55 +73,60 @@ def _synthetic(cfg: DataConfig, split: str, folder: Path, log) -> dict:
     def fill(writer):
         writer.append(src.sample(fingerprint["n_tokens"], stream=SPLITS.index(split)))
         return {"vocab_size": s.vocab_size, "entropy_rate": src.entropy_rate,
-                "n_words": None, "n_bytes": None}
+                "n_words": None, "n_words_eol": None, "n_bytes": None}
 
     return build(folder, fingerprint, fill)
 
 
-def _text(cfg: DataConfig, src: Source, split: str, folder: Path, log) -> dict:
+def _text(cfg: DataConfig, src: Source, split: str, folder: Path, log, rewrite: TextRewrite | None) -> dict:
     text = text_fingerprint(src, split)  # a missing split file fails here, before any download
     enc = get_tokenizer(cfg.tokenizer_file or None)
-    fingerprint = {"kind": src.kind, "text": text, "tokenizer": tokenizer_fingerprint(enc)}
+    fingerprint = {"kind": src.kind, "text": text, "tokenizer": tokenizer_fingerprint(enc),
+                   "meta": TEXT_META_VERSION, **({"rewrite": rewrite.key} if rewrite else {})}
     meta = read_meta(folder)
     if is_current(meta, fingerprint):
         return meta
     if meta is not None:
-        log(f"[data] {folder}: metadata does not match this source/tokenizer; rebuilding")
+        log(f"[data] {folder}: metadata does not match this source/tokenizer/format; rebuilding")
     ds = load_text(src, split)
     num_proc = default_num_proc(len(ds), cfg.num_proc)
     log(f"[data] tokenizing {src.slug}/{split}: {len(ds):,} rows with {num_proc} process(es)")
 
     def tokenize(batch):
         texts = batch["text"]
-        return {"ids": enc.encode_ordinary_batch(texts, num_threads=1),
-                "n_words": [len(t.split()) for t in texts],
-                "n_bytes": [len(t.encode("utf-8")) for t in texts]}
+        words = [len(t.split()) for t in texts]
+        encoded = [rewrite.fn(t) for t in texts] if rewrite else texts
+        return {"ids": enc.encode_ordinary_batch(encoded, num_threads=1), "n_words": words,
+                "n_words_eol": [w + 1 for w in words], "n_bytes": [len(t.encode("utf-8")) for t in texts]}
 
     tok = ds.map(tokenize, batched=True, batch_size=1000, num_proc=num_proc if num_proc > 1 else None,
                  remove_columns=ds.column_names, desc=f"tokenize {split}", load_from_cache_file=False,
                  new_fingerprint=hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16])
 
     def fill(writer):
-        n_words = n_bytes = 0
+        counts = dict.fromkeys(("n_words", "n_words_eol", "n_bytes"), 0)
         for tbl in tok.with_format("arrow").iter(batch_size=65_536):
             writer.append(tbl.column("ids").combine_chunks().flatten().to_numpy())
-            n_words += int(np.asarray(tbl.column("n_words")).sum())
-            n_bytes += int(np.asarray(tbl.column("n_bytes")).sum())
-        return {"vocab_size": enc.n_vocab, "eot": EOT, "n_words": n_words, "n_bytes": n_bytes}
+            for k in counts:
+                counts[k] += int(np.asarray(tbl.column(k)).sum())
+        return {"vocab_size": enc.n_vocab, "eot": EOT, **counts}
 
     return build(folder, fingerprint, fill)
 
 
-def prepare_split(cfg: DataConfig, split: str, log=print) -> TokenStore:
-    """Shards for `split` (train/valid/test), built if missing or stale, opened and verified."""
+def prepare_split(cfg: DataConfig, split: str, log=print, rewrite: TextRewrite | None = None) -> TokenStore:
+    """Shards for `split` (train/valid/test), built if missing or stale, opened and verified; `rewrite`, for a
+    text source, rewrites each row before it is tokenized (its counts stay those of the original row)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     src = source_for(cfg, split)
-    folder = shard_folder(cfg, src, split)
+    folder = shard_folder(cfg, src, split, rewrite)
     if src.kind == "synthetic":
+        if rewrite:
+            raise DataSourceError(f"synthetic data has no text to rewrite ({rewrite.name})")
         _synthetic(cfg, split, folder, log)
     else:
-        _text(cfg, src, split, folder, log)
+        _text(cfg, src, split, folder, log, rewrite)
     return TokenStore(folder, verify=cfg.verify)
 
 

@@ -2,14 +2,27 @@
 
     python eval/perplexity.py --ckpt runs/gla_125m --split test                 # non-overlapping windows
     python eval/perplexity.py --ckpt runs/gla_125m --split test --stride 256    # sliding windows
+    python eval/perplexity.py --ckpt runs/gla_125m --split test --detokenize   # as the GPT-2 paper scored WikiText
     python eval/perplexity.py --ckpt runs/smoke --backend naive --data.eval_source=DIR
 
 Windows of `seq_len` inputs start every `stride` tokens; each target is scored exactly once, by the
 first window that contains it after the targets the previous window scored, so with a stride S
 every target but the first seq_len − S sees at least seq_len − S tokens of context. Text streams
 get `<|endoftext|>` prepended so that every token of the text is scored.
-  word perplexity = exp(total NLL / whitespace-separated words of the raw text)   (WikiText convention)
-  bits per byte   = total NLL / ln 2 / UTF-8 bytes of the raw text
+  word_ppl            = exp(total NLL / words)              words = Σ over lines (whitespace words + 1)
+  word_ppl_whitespace = exp(total NLL / words_whitespace)   whitespace-separated words only
+  bits per byte       = total NLL / ln 2 / UTF-8 bytes of the raw text
+`word_ppl` is WikiText-103's published word-level perplexity (Merity et al. 2017; Transformer-XL; the GPT-2
+paper): the words of the official tokenised split, each line's whitespace-separated tokens plus one end-of-line
+token per line of the file, empty lines included: 245,569 on test and 217,646 on valid (241,211 and 213,886
+whitespace words over 4,358 and 3,760 lines). A hub dataset's row is one line.
+
+--detokenize (WikiText sources only: local wiki.*.raw files or the hub's wikitext dataset) rewrites each line
+with wikitext_detokenize before tokenization, undoing the tokenised split's artifacts (" @-@ " for "-", spaces
+before punctuation and inside brackets and quotes, split contractions, spaced heading marks): the GPT-2 paper
+scored WikiText through invertible detokenizers of this kind (its exact rules are unpublished). Words and bytes
+stay those of the original lines, so word perplexities stay comparable with and without it; the tokens change
+(they get their own cache, and the default result file name gets _detok).
 
 The result is printed, then written (default: <run>/eval/<checkpoint>_<split>_<seq_len>_<stride>.json, beside
 the run's checkpoints, not inside one: a resumed run rotates old checkpoint folders away). The output folder is
@@ -41,8 +54,9 @@ from tqdm import tqdm
 
 from config import Config, ConfigError, config_from_dict, parse_overrides, parser_flags, set_dotted
 from data.config import DataConfig, DataSourceError
-from data.prepare import prepare_split
-from data.sources import parse_source
+from data.prepare import TextRewrite, prepare_split, source_for
+from data.shards import ShardError
+from data.sources import local_split_file, parse_source
 from model import build_model
 from utils.checkpoint import (WEIGHTS_FILE, CheckpointError, checkpoint_problem, complete_checkpoints, read_state,
                               resolve_checkpoint)
@@ -100,6 +114,50 @@ def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch
     return model.to(device).eval(), cfg, path
 
 
+def _literal(old: str, new: str) -> tuple[re.Pattern, str]:
+    """A plain replacement as a (pattern, replacement) rule."""
+    return re.compile(re.escape(old)), new.replace("\\", "\\\\")
+
+
+# WikiText's tokenisation undone, in this order (a rule may leave the spaces a later rule looks for)
+_DETOKENIZE_RULES: tuple[tuple[re.Pattern, str], ...] = (
+    *(_literal(f" @{c}@ ", c) for c in "-,."),                                      # 1 @,@ 000 → 1,000
+    *(_literal(f" {c} ", f"{c} ") for c in ":;.!?,"),                               # word , word → word, word
+    *(_literal(a, b) for a, b in (("( ", "("), (" )", ")"), ("[ ", "["), (" ]", "]"), ("{ ", "{"), (" }", "}"))),
+    (re.compile(r'"[^\S\n]*([^"\n]*?)[^\S\n]*"'), r'"\1"'),                           # " quoted " → "quoted"
+    (re.compile(r" ('s|'ve|n't|'m|'ll|'re|'d)(?![A-Za-z])"), r"\1"),                 # it 's → it's, do n't → don't
+    *(_literal(" ".join("=" * n), "=" * n) for n in (4, 3, 2)),                     # = = Heading = = → == Heading ==
+    _literal(" \n", "\n"),                                                           # the space before each newline
+    (re.compile(r"(?m)^ "), ""),                                                    # and the one starting each line
+)
+
+
+def wikitext_detokenize(text: str) -> str:
+    """WikiText's tokenised text with its tokenisation undone, line by line (the GPT-2 paper's evaluation):
+    " @-@ ", " @,@ ", " @.@ " → "-", ",", "."; no space before : ; . ! ? ,; none inside ( ) [ ] { } or a pair of
+    double quotes on one line; contractions 's 've n't 'm 'll 're 'd joined to the word before; heading marks
+    "= = =" → "==="; no space before a newline or at the start of a line.
+    " The game 's first @-@ person view ( FPV ) . \n" → "The game's first-person view (FPV).\n"."""
+    for pattern, repl in _DETOKENIZE_RULES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+# its shards are keyed by the rules, so that a changed rule re-tokenizes
+WIKITEXT_DETOKENIZE = TextRewrite(
+    "detok", "wikitext:" + hashlib.sha256(repr([(p.pattern, p.flags, r) for p, r in _DETOKENIZE_RULES]).encode())
+    .hexdigest()[:12], wikitext_detokenize)
+
+
+def is_wikitext(data: DataConfig, split: str) -> bool:
+    """Whether `split` under `data` comes from WikiText: local wiki.*.raw files or a hub dataset named wikitext."""
+    src = source_for(data, split)
+    if src.kind == "local":
+        name = local_split_file(src, split).name
+        return name.startswith("wiki.") and name.endswith(".raw")
+    return src.kind == "hf" and "wikitext" in src.name.lower()
+
+
 def window_plan(n_inputs: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
     """(start, end, first_scored) per window: inputs [start, end), scoring inputs [first_scored, end)."""
     if not 0 < stride <= seq_len:
@@ -141,9 +199,22 @@ def score_tokens(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
     return total, count
 
 
+def word_counts(meta: dict, folder: Path) -> tuple[int | None, int | None]:
+    """(words by the WikiText convention, whitespace words) of a split's shards; None for data without text."""
+    if meta.get("n_words") is not None and "n_words_eol" not in meta:
+        raise ShardError(f"{folder / 'meta.json'} has no end-of-line word count (n_words_eol): the shards were "
+                         f"prepared by an older version; delete {folder} and evaluate again to re-prepare them")
+    return meta.get("n_words_eol"), meta.get("n_words")
+
+
 def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, batch_size: int,
-                   progress: bool = True) -> dict:
-    store = prepare_split(cfg.data, split)
+                   progress: bool = True, detokenize: bool = False) -> dict:
+    """Scores of `model` on `split` (see the module docstring); `detokenize` scores WikiText detokenised."""
+    if detokenize and not is_wikitext(cfg.data, split):
+        raise ConfigError(f"--detokenize undoes WikiText's tokenisation, but the {split} split's source "
+                          f"{source_for(cfg.data, split)} is not WikiText (local wiki.*.raw files or the hub's "
+                          "wikitext dataset); leave --detokenize out")
+    store = prepare_split(cfg.data, split, rewrite=WIKITEXT_DETOKENIZE if detokenize else None)
     tokens = torch.from_numpy(store.get(0, len(store)))
     eot = store.meta.get("eot")
     if eot is not None:
@@ -152,11 +223,12 @@ def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, ba
     bf16 = on_gpu and cfg.train.precision in ("auto", "bf16")  # evaluate as trained
     with torch.autocast("cuda", torch.bfloat16) if bf16 else nullcontext():
         nll, n = score_tokens(model, tokens, seq_len, stride, batch_size, progress)
-    words, nbytes = store.meta.get("n_words"), store.meta.get("n_bytes")
+    (words, ws_words), nbytes = word_counts(store.meta, store.folder), store.meta.get("n_bytes")
     return {"split": split, "shards": str(store.folder), "seq_len": seq_len, "stride": stride,
-            "backend": cfg.model.backend, "tokens_scored": n, "nll_sum": nll, "loss": nll / n,
-            "token_ppl": math.exp(nll / n),
+            "backend": cfg.model.backend, "detokenize": detokenize, "tokens_scored": n, "nll_sum": nll,
+            "loss": nll / n, "token_ppl": math.exp(nll / n),
             "words": words, "word_ppl": math.exp(nll / words) if words else None,
+            "words_whitespace": ws_words, "word_ppl_whitespace": math.exp(nll / ws_words) if ws_words else None,
             "bytes": nbytes, "bits_per_byte": nll / math.log(2) / nbytes if nbytes else None,
             "entropy_rate": store.meta.get("entropy_rate")}
 
@@ -207,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--stride", type=int, default=0, help="window stride (default: seq_len, non-overlapping)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--backend", help="evaluate with another backend than the one trained with")
+    p.add_argument("--detokenize", action="store_true",
+                   help="WikiText only: score the text detokenised (wikitext_detokenize), as the GPT-2 paper did")
     p.add_argument("--out", help="JSON output (default: <run>/eval/<checkpoint>_<split>_<seq_len>_<stride>.json, "
                    "with _<source tag> before .json when --data.* overrides change the split's data)")
     args, rest = p.parse_known_args(argv)
@@ -222,10 +296,11 @@ def main(argv: list[str] | None = None) -> dict:
     seq_len = args.seq_len or cfg.data.seq_len
     stride = args.stride or seq_len
     check_window(model, cfg, seq_len, stride, args.batch_size)
-    tag = data_tag(cfg.data, trained, args.split)
+    tag = "_".join(t for t in ("detok" if args.detokenize else "", data_tag(cfg.data, trained, args.split)) if t)
     out = Path(args.out) if args.out else default_out(path, args.split, seq_len, stride, tag)
     check_writable(out, made=not args.out)
-    result = {"checkpoint": str(path), **evaluate_split(model, cfg, args.split, seq_len, stride, args.batch_size)}
+    result = {"checkpoint": str(path), **evaluate_split(model, cfg, args.split, seq_len, stride, args.batch_size,
+                                                        detokenize=args.detokenize)}
     print(json.dumps(result, indent=1))           # first: a failed write below must not lose the result
     if not math.isfinite(result["loss"]):
         raise NotFinite(f"the loss on {args.split} is {result['loss']} although the weights are finite (an overflow "

@@ -98,6 +98,7 @@ def test_local_text_directory(tmp_path, bpe_file):
         store = prepare_split(cfg, split, log=quiet)
         assert store.get(0, len(store)).tolist() == enc.encode_ordinary(text)
         assert store.meta["n_words"] == len(text.split())
+        assert store.meta["n_words_eol"] == len(text.split()) + text.count("\n")      # one end-of-line per line
         assert store.meta["n_bytes"] == len(text.encode())
     # editing the raw text invalidates the shards
     (raw / "wiki.test.raw").write_text(" Changed .\n")

@@ -58,7 +58,7 @@ def test_cli_on_a_trained_checkpoint(tmp_path):
                 "--out", str(out), f"--data.cache_dir={tmp_path / 'cache'}"])
     assert json.loads(out.read_text()) == res
     assert res["tokens_scored"] == 1999 and res["token_ppl"] == pytest.approx(math.exp(res["loss"]))
-    assert res["word_ppl"] is None and res["entropy_rate"] > 0       # synthetic: no words
+    assert res["word_ppl"] is None and res["word_ppl_whitespace"] is None and res["entropy_rate"] > 0  # no words
 
 
 def test_word_ppl_and_bits_per_byte(tmp_path, bpe_file):
@@ -72,8 +72,10 @@ def test_word_ppl_and_bits_per_byte(tmp_path, bpe_file):
                   "--data.seq_len=8", "--train.micro_batch_size=2"])
     model, cfg, _ = load_model(tmp_path / "runs" / "w")
     res = evaluate_split(model, cfg, "test", 8, 8, 4, progress=False)
-    words, nbytes = len(text.split()), len(text.encode())
-    assert (res["words"], res["bytes"]) == (words, nbytes)
+    ws_words, nbytes = len(text.split()), len(text.encode())
+    words = ws_words + text.count("\n")                                 # one end-of-line token per line
+    assert (res["words"], res["words_whitespace"], res["bytes"]) == (words, ws_words, nbytes)
     assert res["tokens_scored"] == len(get_tokenizer(str(bpe_file)).encode_ordinary(text))  # all, via <|endoftext|>
     assert res["word_ppl"] == pytest.approx(math.exp(res["nll_sum"] / words))
+    assert res["word_ppl_whitespace"] == pytest.approx(math.exp(res["nll_sum"] / ws_words))
     assert res["bits_per_byte"] == pytest.approx(res["nll_sum"] / math.log(2) / nbytes)
