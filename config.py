@@ -53,6 +53,8 @@ class TrainConfig:
     compile: str = "auto"              # torch.compile the step: auto (on for CUDA, off for CPU, naive, fla) | true | false
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager traces without generating code)
     cuda_graphs: bool = False          # with compile: Inductor's CUDA graphs (every step has the same shapes)
+    log_with: str = "none"             # none | tensorboard (<run dir>/tensorboard/<name>/) | wandb: accelerate's
+                                       # tracker, given metrics.jsonl's rows and the config (utils/trackers.py)
 
 
 @dataclass
@@ -267,6 +269,14 @@ def config_from_dict(d: dict) -> Config:
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested dict (to_dict's) as one level with dotted keys: {"optim": {"lr": 3e-4}} -> {"optim.lr": 3e-4}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

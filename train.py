@@ -8,8 +8,9 @@
 Any config key can be overridden as --section.key=value (or --section.key value); the sections are model,
 data, optim and train, and config.py lists their keys. Unknown keys are errors. The run folder
 <train.out_dir>/<train.name> receives config.yaml, run.json (commit, device, versions, per-layer
-backends), metrics.jsonl and checkpoints/. One training process at a time holds a run folder (its .lock; a
-second run with the same --train.name refuses to start); evaluation reads it without the lock.
+backends), metrics.jsonl and checkpoints/; --train.log_with=tensorboard or wandb sends the metrics to that tracker
+too (utils/trackers.py). One training process at a time holds a run folder (its .lock; a second run with the same
+--train.name refuses to start); evaluation reads it without the lock.
 
 Backends: naive (PyTorch reference), chunk (chunkwise Triton kernels), fused (this repository's fused
 kernels; --fuse picks among their components), fla (the flash-linear-attention package). A backend an
@@ -31,7 +32,7 @@ from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.utils import set_seed
 from tqdm import tqdm
 
-from config import Config, ConfigError, load_config, parser_flags, save_config, to_dict
+from config import Config, ConfigError, flatten, load_config, parser_flags, save_config, to_dict
 from data.prepare import check_sources, prepare_split
 from data.sampler import BatchSampler, bos_token, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
@@ -42,6 +43,7 @@ from utils.compile import compiled_step, resolve_compile
 from utils.errors import UserError, write_error
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
+from utils.trackers import project_config, record, resolve_log_with, start_trackers
 
 
 class Diverged(UserError, RuntimeError):
@@ -59,8 +61,8 @@ class Interrupted(KeyboardInterrupt):
 # being continued, so the run would silently mix two settings.
 RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_dir", "train.max_steps",
                        "train.log_interval", "train.eval_interval", "train.eval_batches", "train.ckpt_interval",
-                       "train.keep_ckpts", "train.progress", "data.cache_dir", "data.num_proc", "data.verify",
-                       "data.tokenizer_file"})
+                       "train.keep_ckpts", "train.progress", "train.log_with", "data.cache_dir", "data.num_proc",
+                       "data.verify", "data.tokenizer_file"})
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -82,20 +84,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def check_resume_config(saved: dict | None, cfg: Config, allow: bool, log) -> None:
     """Refuse a resume whose settings differ from the checkpoint's outside RESUMABLE (model keys always, the
     rest unless `allow`); log every difference that goes through. Keys a checkpoint predates are not compared."""
     if saved is None:
         log("resume: the checkpoint records no config; the settings were not compared")
         return
-    old, new = _flat(saved), _flat(to_dict(cfg))
+    old, new = flatten(saved), flatten(to_dict(cfg))
     changed = {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
 
     def listed(keys):
@@ -212,23 +207,25 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         cfg.model.fuse = args.fuse
     tc = cfg.train
     precision = resolve_precision(tc.precision)
+    log_with = resolve_log_with(tc.log_with)
     if args.allow_changes and not args.resume:
         raise ConfigError("--allow-changes applies only with --resume")
     with torch.device("meta"):   # family, backends and shapes checked at once, before any data is downloaded
         build_model(cfg.model)
     compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
                                               fsdp_plugin(precision) is not None)
+    run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder
     accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
-                              fsdp_plugin=fsdp_plugin(precision))
+                              fsdp_plugin=fsdp_plugin(precision), log_with=log_with,
+                              project_config=project_config(run_dir))
     launched = int(os.environ.get("WORLD_SIZE", 1))
     if accelerator.num_processes != launched:
         raise SystemExit(f"error: {launched} processes were launched but accelerate set up {accelerator.num_processes}; "
                          "launch with `accelerate launch --num_processes N` on GPUs (or torchrun on CPUs)")
     main_proc, device = accelerator.is_main_process, accelerator.device
     log = accelerator.print
-    run_dir = Path(tc.out_dir) / tc.name
     eval_on = bool(tc.eval_interval or tc.eval_batches)
     check_sources(cfg.data, ["train", "valid"] if eval_on else ["train"])   # before any split is tokenized
 
@@ -320,8 +317,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (main_proc and tc.progress), unit="step",
                dynamic_ncols=True)
     model.train()
-    t_log, tokens_since, interval_losses, first_step_s = time.time(), 0, [], None
     try:
+        start_trackers(accelerator, cfg, run_dir, step)      # inside the try: end_training below closes them
+        t_log, tokens_since, interval_losses, first_step_s = time.time(), 0, [], None
         while step < tc.max_steps:
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
@@ -361,8 +359,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                        "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
                        "peak_mem_gb": peak_memory_gb(device), "tokens": step * tokens_per_step,
                        "epoch": sampler.epoch_of(step), "first_step_s": first_step_s}
-                if metrics:
-                    metrics.write(row)
+                record(row, metrics, accelerator)
                 bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
                 t_log, tokens_since, interval_losses = time.time(), 0, []
                 result.update(loss=loss_val, tokens_per_s=tps)
@@ -371,8 +368,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 check_finite(pending, last_ckpt)
                 pending.clear()
                 val = evaluate(model, val_store, cfg, accelerator)
-                if metrics:
-                    metrics.write({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))})
+                record({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))}, metrics, accelerator)
                 if main_proc:
                     bar.write(f"step {step}: val loss {val:.4f}"
                               + (f" (entropy rate {entropy:.4f})" if entropy else ""))
@@ -384,8 +380,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 last_ckpt = str(save_checkpoint(accelerator, run_dir, step, {"config": to_dict(cfg)}, tc.keep_ckpts,
                                                 model))
     except Diverged as e:
-        if metrics:
-            metrics.write({"step": e.step, "error": str(e)})
+        record({"step": e.step, "error": str(e)}, metrics, accelerator)
         raise
     except KeyboardInterrupt:
         where = (f"the last checkpoint is {last_ckpt}. Continue with the same command and --resume" if last_ckpt
@@ -395,11 +390,11 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         bar.close()
         if metrics:
             metrics.close()
+        accelerator.end_training()      # the trackers' files closed, on every path
     result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy)
     if "val_loss" in result and entropy is not None:
         log(f"final val loss {result['val_loss']:.4f} nats; source entropy rate {entropy:.4f}; "
             f"gap {result['val_loss'] - entropy:+.4f}")
-    accelerator.end_training()
     return result
 
 
