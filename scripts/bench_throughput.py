@@ -23,6 +23,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -126,6 +127,16 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
             "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else None}
 
 
+def error_line(stderr: str) -> str:
+    """The line of a row's stderr that says what failed: our own error (a backend or config refused) where the
+    traceback holds one, else the last exception line, else the last line. (torch.compile's failures end with
+    hints, not with the cause.)"""
+    lines = stderr.strip().splitlines()
+    raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception|Unsupported|Failed)\w*: ", line)]
+    ours = [line for line in raised if "BackendError" in line or "ConfigError" in line]
+    return (ours or raised or lines or ["(no output)"])[-1]
+
+
 def run_row(config: str, backend: str, mode: str, args, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
@@ -138,7 +149,7 @@ def run_row(config: str, backend: str, mode: str, args, timeout: float) -> dict:
         return {**row, "status": "timeout", "why": f"no result within {timeout:.0f} s (--row-timeout, --deadline)"}
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
-        err = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        err = error_line(p.stderr)
         status = "OOM" if "OutOfMemory" in p.stderr else "n/a" if "BackendError" in p.stderr else "error"
         return {**row, "status": status, "why": err[:300]}
     return json.loads(lines[-1])

@@ -53,3 +53,17 @@ def test_peer_has_our_parameter_count(name):
     with torch.device("meta"):
         ours, peer = build_model(cfg), peer_model(cfg)
     assert sum(p.numel() for p in peer.parameters()) == sum(p.numel() for p in ours.parameters())
+
+
+def test_a_failed_row_says_what_failed():
+    """torch.compile's failures end with hints; the row names the cause (ours where there is one)."""
+    from scripts.bench_throughput import error_line
+
+    dynamo = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+              "ops.BackendError: op 'attention', backend 'fused': the WMMA kernel is forward-only\n\n"
+              "The above exception was the direct cause of the following exception:\n"
+              "torch._dynamo.exc.Unsupported: call_function in skip_files\n\n"
+              "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace\n")
+    assert error_line(dynamo).startswith("ops.BackendError: op 'attention'")
+    assert error_line("Traceback\nRuntimeError: boom\nhint\n") == "RuntimeError: boom"
+    assert error_line("just a line\n") == "just a line" and error_line("") == "(no output)"
