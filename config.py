@@ -50,7 +50,7 @@ class TrainConfig:
     ckpt_interval: int = 500           # 0: only the final checkpoint
     keep_ckpts: int = 2
     progress: bool = True
-    compile: str = "auto"              # torch.compile the step: auto (on for CUDA, off for CPU, naive, fla) | true | false
+    compile: str = "auto"              # torch.compile the step: auto (CUDA; not fla, recurrent naive, FSDP2) | true | false
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager traces without generating code)
     cuda_graphs: bool = False          # with compile: Inductor's CUDA graphs (every step has the same shapes)
     log_with: str = "none"             # none | tensorboard (<run dir>/tensorboard/<name>/) | wandb: accelerate's

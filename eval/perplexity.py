@@ -55,7 +55,6 @@ from tqdm import tqdm
 from config import Config, ConfigError, config_from_dict, parse_overrides, parser_flags, set_dotted
 from data.config import DataConfig, DataSourceError
 from data.prepare import TextRewrite, prepare_split, source_for
-from data.shards import ShardError
 from data.sources import local_split_file, parse_source
 from model import build_model
 from utils.checkpoint import (WEIGHTS_FILE, CheckpointError, checkpoint_problem, complete_checkpoints, read_state,
@@ -199,14 +198,6 @@ def score_tokens(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, str
     return total, count
 
 
-def word_counts(meta: dict, folder: Path) -> tuple[int | None, int | None]:
-    """(words by the WikiText convention, whitespace words) of a split's shards; None for data without text."""
-    if meta.get("n_words") is not None and "n_words_eol" not in meta:
-        raise ShardError(f"{folder / 'meta.json'} has no end-of-line word count (n_words_eol): the shards were "
-                         f"prepared by an older version; delete {folder} and evaluate again to re-prepare them")
-    return meta.get("n_words_eol"), meta.get("n_words")
-
-
 def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, batch_size: int,
                    progress: bool = True, detokenize: bool = False) -> dict:
     """Scores of `model` on `split` (see the module docstring); `detokenize` scores WikiText detokenised."""
@@ -223,7 +214,8 @@ def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, ba
     bf16 = on_gpu and cfg.train.precision in ("auto", "bf16")  # evaluate as trained
     with torch.autocast("cuda", torch.bfloat16) if bf16 else nullcontext():
         nll, n = score_tokens(model, tokens, seq_len, stride, batch_size, progress)
-    (words, ws_words), nbytes = word_counts(store.meta, store.folder), store.meta.get("n_bytes")
+    # a text split's word counts (data/prepare.py); None for data without text
+    words, ws_words, nbytes = (store.meta.get(k) for k in ("n_words_eol", "n_words", "n_bytes"))
     return {"split": split, "shards": str(store.folder), "seq_len": seq_len, "stride": stride,
             "backend": cfg.model.backend, "detokenize": detokenize, "tokens_scored": n, "nll_sum": nll,
             "loss": nll / n, "token_ppl": math.exp(nll / n),

@@ -192,14 +192,7 @@ def gemm_flops(n: int = 8192, reps: int = 10) -> float | None:
     if not torch.cuda.is_available():
         return None
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    sync()
-    t = time.time()
-    for _ in range(reps):
-        a @ b
-    sync()
-    return 2 * n ** 3 * reps / (time.time() - t)
+    return 2 * n ** 3 / step_seconds(lambda: a @ b, reps, warmup=3)
 
 
 def plot(rows: list[dict], path: Path) -> None:

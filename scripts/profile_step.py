@@ -37,6 +37,7 @@ if __package__ in (None, ""):
 
 from config import load_config  # noqa: E402
 from model import build_model  # noqa: E402
+from train import make_optimizer  # noqa: E402
 
 BUSY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -149,7 +150,7 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
         module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
         gradient_as_bucket_view=v["view"], static_graph=v["static"])
     step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-4, fused=cuda)
+    opt = make_optimizer(module, cfg, fused=cuda)                      # train.py's, parameter groups and all
 
     def step() -> None:
         with torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext():

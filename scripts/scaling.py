@@ -41,8 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -106,16 +104,9 @@ def commands(config: str, backend: str, nprocs: list[int], fsdp: bool, steps: in
 
 
 def micro_batch(config: str, overrides: list[str]) -> int:
-    """train.micro_batch_size of the preset, a --train.micro_batch_size= override winning."""
-    for o in reversed(overrides):
-        if o.startswith("--train.micro_batch_size="):
-            return int(o.split("=", 1)[1])
-    path = Path(config) if Path(config).is_file() else REPO / config
-    value = ((yaml.safe_load(path.read_text()) or {}).get("train") or {}).get("micro_batch_size")
-    if value is None:                                       # the preset leaves it to the dataclass default
-        from config import TrainConfig
-        value = TrainConfig.micro_batch_size
-    return int(value)
+    """train.micro_batch_size of the preset with the overrides applied (config.py's own loading)."""
+    from config import load_config
+    return load_config(config if Path(config).is_file() else REPO / config, overrides).train.micro_batch_size
 
 
 def gpu_ids(count: int | None, dry_run: bool) -> list[str]:

@@ -8,8 +8,9 @@ AOTAutograd. Evaluation and checkpoints use the uncompiled module (the same para
 compiled for the no-grad evaluation and checkpoint keys do not change.
 
 `auto` compiles on a CUDA GPU, except for the recurrent families on `naive` (their chunk loops are many small
-PyTorch ops whose compilation would dominate a short parity or test run; GPT-2's `naive` is SDPA and compiles) and `fla` (its kernels are flash-linear-attention's autograd functions, not
-operators here); the run log says which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
+PyTorch ops whose compilation would dominate a short parity or test run; GPT-2's `naive` is SDPA and compiles)
+and `fla` (its kernels are flash-linear-attention's autograd functions, not operators here); the run log says
+which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
 `reduce-overhead`): every step has the same shapes, so one graph replays each step's launches.
 """
 from __future__ import annotations

@@ -11,8 +11,8 @@ the repository's own tools read; a tracker is a view of it.
   hyperparameters to a timestamped folder inside it. A resumed run writes to the same folder with `purge_step`
   at the first step after its checkpoint, so TensorBoard hides what an interrupted attempt logged after the
   checkpoint, as metrics.jsonl drops those rows.
-- wandb: the project is `chunkfuse` (or WANDB_PROJECT), each run named by its folder. The run id is kept in <run dir>/wandb_run_id, so a resumed run
-  continues the same wandb run; wandb's files go to <run dir>/wandb/ unless WANDB_DIR says otherwise, and the
+- wandb: the project is `chunkfuse` (or WANDB_PROJECT), each run named by its folder. The run id is kept in
+  <run dir>/wandb_run_id, so a resumed run continues the same wandb run; wandb's files go to <run dir>/wandb/ unless WANDB_DIR says otherwise, and the
   rest of wandb's environment (WANDB_MODE=offline or disabled, WANDB_ENTITY, ...) applies as usual. wandb ignores
   steps below the last it has seen, so after a resume the steps between the checkpoint and the interruption keep
   the interrupted attempt's values there (metrics.jsonl and TensorBoard have the resumed ones).
