@@ -4,6 +4,7 @@
     python eval/perplexity.py --ckpt runs/gla_125m --split test --stride 256    # sliding windows
     python eval/perplexity.py --ckpt runs/gla_125m --split test --detokenize   # as the GPT-2 paper scored WikiText
     python eval/perplexity.py --ckpt runs/smoke --backend naive --data.eval_source=DIR
+    python eval/perplexity.py --ckpt hf:hf/gla_340m --backend fused             # a Hugging Face folder (model/hf.py)
 
 Windows of `seq_len` inputs start every `stride` tokens; each target is scored exactly once, by the
 first window that contains it after the targets the previous window scored, so with a stride S
@@ -57,6 +58,7 @@ from data.config import DataConfig, DataSourceError
 from data.prepare import TextRewrite, prepare_split, source_for
 from data.sources import local_split_file, parse_source
 from model import build_model
+from model.hf import hf_dir, load_hf
 from utils.checkpoint import (WEIGHTS_FILE, CheckpointError, checkpoint_problem, complete_checkpoints, read_state,
                               resolve_checkpoint)
 from utils.cli import run_cli
@@ -99,10 +101,17 @@ def check_finite_weights(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def load_model(ckpt: str | Path, backend: str | None = None, device: str | torch.device = "cpu",
                fuse: str | None = None) -> tuple[torch.nn.Module, Config, Path]:
-    """Model and config from a checkpoint folder, or a run folder's latest checkpoint; `backend` and `fuse`
-    (the fused backend's components, "" for all) replace the ones it was trained with."""
-    path = resolve_checkpoint(ckpt)
-    cfg, state = _read_checkpoint(path)
+    """Model and config from a checkpoint folder, a run folder's latest checkpoint, or `hf:DIR`, a Hugging Face
+    folder (model/hf.py: a transformers GPT-2 or an fla GLA / Gated DeltaNet / Mamba-2; its config is the
+    defaults with that model); `backend` and `fuse` (the fused backend's components, "" for all) replace the ones
+    it was trained with."""
+    folder = hf_dir(ckpt)
+    if folder is not None:
+        model_cfg, state = load_hf(folder)
+        cfg, path = Config(model=model_cfg), folder
+    else:
+        path = resolve_checkpoint(ckpt)
+        cfg, state = _read_checkpoint(path)
     check_finite_weights(state, path)
     if backend:
         cfg.model.backend = backend
@@ -265,7 +274,8 @@ def check_window(model: torch.nn.Module, cfg: Config, seq_len: int, stride: int,
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint folder, or a run folder (its latest checkpoint)")
+    p.add_argument("--ckpt", required=True, help="checkpoint folder, a run folder (its latest checkpoint), or hf:DIR "
+                   "(a Hugging Face GPT-2 or fla GLA / Gated DeltaNet / Mamba-2 folder)")
     p.add_argument("--split", default="test", choices=["train", "valid", "test"])
     p.add_argument("--seq_len", type=int, default=0, help="window length (default: the training seq_len)")
     p.add_argument("--stride", type=int, default=0, help="window stride (default: seq_len, non-overlapping)")

@@ -8,7 +8,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model import decode
 from model.config import ModelConfig, ModelConfigError
+from model.decode import DecodeCache
 from ops.loss.linear_cross_entropy import linear_cross_entropy
 from ops import BackendError, fused_label, get_op, kernel_plan, parse_fuse
 from ops.proj.short_conv import short_conv_ref
@@ -57,6 +59,24 @@ class Block(nn.Module):
             x = self.mixer(self.mixer_norm(x), residual=x)
         else:
             x = x + self.mixer(self.mixer_norm(x))
+        return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
+
+    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """forward, also returning the mixer's decode cache (model/decode.py)."""
+        if self.mixer_adds_residual:
+            x, cache = self.mixer.prefill(self.mixer_norm(x), residual=x)
+        else:
+            y, cache = self.mixer.prefill(self.mixer_norm(x))
+            x = x + y
+        return (x if self.mlp is None else x + self.mlp(self.mlp_norm(x))), cache
+
+    def step(self, x: torch.Tensor, cache: dict[str, torch.Tensor], ctx) -> torch.Tensor:
+        """forward for one token per row, x [B, 1, d], through the mixer's cache (updated in place); ctx is the
+        model's DecodeCache (slot, positions, masks)."""
+        if self.mixer_adds_residual:
+            x = self.mixer.step(self.mixer_norm(x), cache, ctx, residual=x)
+        else:
+            x = x + self.mixer.step(self.mixer_norm(x), cache, ctx)
         return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
 
@@ -163,11 +183,9 @@ class CausalLM(nn.Module):
         With targets and return_logits=False (training) the logits are None and the loss comes from the
         linear_cross_entropy op (ops.loss): the same math, chunked over rows so the whole [B, T, vocab]
         logits never exist at once."""
-        x = self.embed(idx)                                              # [B, T, d]
-        if self.pos_embed is not None:
-            if idx.shape[1] > self.cfg.max_seq_len:
-                raise ModelConfigError(f"sequence of {idx.shape[1]} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
-            x = x + self.pos_embed(torch.arange(idx.shape[1], device=idx.device))
+        if self.pos_embed is not None and idx.shape[1] > self.cfg.max_seq_len:
+            raise ModelConfigError(f"sequence of {idx.shape[1]} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
+        x = self.embed_tokens(idx, torch.arange(idx.shape[1], device=idx.device))  # [B, T, d]
         for block in self.blocks:
             x = block(x)
         x = self.norm(x)
@@ -179,6 +197,33 @@ class CausalLM(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return logits, loss
+
+    def embed_tokens(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token (+ learned position) embeddings: idx int64 [B, T], positions int64 [T] or [B, T] → [B, T, d]
+        (the callers check positions against max_seq_len: forward and prefill by shape, step by its count)."""
+        x = self.embed(idx)
+        return x if self.pos_embed is None else x + self.pos_embed(positions)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and the (tied) head: x [B, T, d] → [B, T, vocab]."""
+        return F.linear(self.norm(x), self.embed.weight if self.head is None else self.head.weight)
+
+    def prefill(self, idx: torch.Tensor, lengths: torch.Tensor | list[int] | None = None, capacity: int = 0,
+                all_logits: bool = False) -> tuple[torch.Tensor, DecodeCache]:
+        """The prompt's forward, keeping every layer's decode cache (model.decode.prefill)."""
+        return decode.prefill(self, idx, lengths, capacity, all_logits)
+
+    def step(self, tokens: torch.Tensor, cache: DecodeCache) -> torch.Tensor:
+        """One token per row, tokens [B] → next-token logits [B, vocab]; updates cache (model.decode.step)."""
+        return decode.step(self, tokens, cache)
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw) -> torch.Tensor:
+        """Prefill, then decode up to max_new_tokens per row (model.decode.generate) → new tokens [B, n]."""
+        return decode.generate(self, idx, max_new_tokens, **kw)
+
+    def decode_backends(self) -> dict[str, str]:
+        """op → backend of the decode step (the same in every layer), for logs and benchmark labels."""
+        return dict(getattr(self.blocks[0].mixer, "decode_ops", {}))
 
     def kernel_plans(self, batch: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> list[str]:
         """What each op of a layer launches for micro-batches of `batch` × `seq_len` in `dtype` on `device`, for the

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from model.common import CausalLM, RMSNorm, ShortConv, init_ssm_decay_, resolve_chain
 from model.config import ModelConfig
+from model.decode import DecodeCache, conv_step, conv_tail, resolve_step
+from ops.proj.short_conv import EPS
 
 
 class GatedDeltaNetMixer(nn.Module):
@@ -40,6 +43,8 @@ class GatedDeltaNetMixer(nn.Module):
         self.o_proj.residual_out = True
         self.gated_delta, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "gated_delta",
                                                                                          "gdn_proj_in")
+        self.gated_delta_step, label = resolve_step(cfg, "gated_delta_step")
+        self.decode_ops, self.cache_seq_dims = {"gated_delta_step": label}, {}
         self.adds_residual = True                                            # proj_out adds the block's residual
 
     def init_extra(self) -> None:
@@ -47,12 +52,43 @@ class GatedDeltaNetMixer(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
-        q, k, v, g, beta, r = self.proj_in(
-            x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.r_proj.weight, self.b_proj.weight,
-            self.a_proj.weight, self.q_conv.conv.weight, self.k_conv.conv.weight, self.v_conv.conv.weight,
-            self.A_log, self.dt_bias, self.H)                  # q, k [B, T, H, K]; v [B, T, H, V]; g, β fp32 [B, T, H]
+        q, k, v, g, beta, r = self._project(x)                 # q, k [B, T, H, K]; v [B, T, H, V]; g, β fp32 [B, T, H]
         o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5, chunk_size=self.chunk_size)  # [B, T, H, V]
         return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.proj_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.r_proj.weight,
+                            self.b_proj.weight, self.a_proj.weight, self.q_conv.conv.weight, self.k_conv.conv.weight,
+                            self.v_conv.conv.weight, self.A_log, self.dt_bias, self.H)
+
+    def prefill(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """forward, also returning the decode cache: state fp32 [B, H, K, V] (the op's final state) and conv
+        [B, W−1, 2·H·K + H·V], the q | k | v pre-conv inputs of the last W − 1 tokens, recomputed from x
+        (model.decode.conv_tail: gdn_proj_in does not return them)."""
+        q, k, v, g, beta, r = self._project(x)
+        o, S = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5, output_final_state=True,
+                                chunk_size=self.chunk_size)
+        W = self.q_conv.conv.weight.shape[-1]
+        tail = torch.cat([conv_tail(x, p.weight, W) for p in (self.q_proj, self.k_proj, self.v_proj)], -1)
+        y = self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
+        return y, {"state": S, "conv": tail}
+
+    def step(self, x: torch.Tensor, cache: dict, ctx: DecodeCache, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row, x [B, 1, d]: gdn_proj_in's computation for the last position (the conv over the
+        cached tail, model.decode.conv_step), the decode op on cache["state"] (in place), then proj_out."""
+        B, HK = x.shape[0], self.H * self.K
+        xt = x[:, 0]
+        pre = torch.cat([F.linear(xt, p.weight) for p in (self.q_proj, self.k_proj, self.v_proj)], -1)  # [B, C]
+        conv_w = torch.cat([c.conv.weight for c in (self.q_conv, self.k_conv, self.v_conv)], 0)        # [C, 1, W]
+        y, cache["conv"] = conv_step(cache["conv"], pre, conv_w)
+        v = y[:, 2 * HK:].view(B, self.H, self.V)
+        q, k = (F.normalize(y[:, i * HK:(i + 1) * HK].view(B, self.H, self.K), dim=-1, eps=EPS).to(v.dtype)
+                for i in (0, 1))
+        beta = F.linear(xt, self.b_proj.weight).float().sigmoid()                                   # [B, H]
+        g = -self.A_log.float().exp() * F.softplus(F.linear(xt, self.a_proj.weight).float() + self.dt_bias)
+        o, _ = self.gated_delta_step(q, k, v, g, beta, cache["state"], scale=self.K ** -0.5)         # [B, H, V]
+        return self.proj_out(o[:, None], F.linear(x, self.r_proj.weight), self.o_norm.weight, self.o_proj.weight,
+                             residual, self.o_norm.eps)
 
     def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
         """(op function, the dims it is called with) per op, for the run log's kernel plans."""

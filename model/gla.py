@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from model.common import CausalLM, RMSNorm, resolve_chain
 from model.config import ModelConfig
+from model.decode import DecodeCache, resolve_step
 
 
 class GLAMixer(nn.Module):
@@ -33,15 +34,32 @@ class GLAMixer(nn.Module):
         self.o_proj = nn.Linear(H * V, d, bias=False)
         self.o_proj.residual_out = True
         self.gla, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "gla", "proj_in")
+        self.gla_step, label = resolve_step(cfg, "gla_step")
+        self.decode_ops, self.cache_seq_dims = {"gla_step": label}, {}
         self.adds_residual = True                                           # proj_out adds the block's residual
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
-        q, k, v, gk, r = self.proj_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight,
-                                      self.r_proj.weight, self.gk_down.weight, self.gk_up.weight, self.gk_up.bias,
-                                      self.H, self.normalizer)              # [B, T, H, K|V]; gk fp32; r [B, T, H·V]
+        q, k, v, gk, r = self._project(x)                                   # [B, T, H, K|V]; gk fp32; r [B, T, H·V]
         o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5, chunk_size=self.chunk_size)   # [B, T, H, V]
         return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.proj_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.r_proj.weight,
+                            self.gk_down.weight, self.gk_up.weight, self.gk_up.bias, self.H, self.normalizer)
+
+    def prefill(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+        """forward, also returning the decode cache {state: fp32 [B, H, K, V]}, the op's final state."""
+        q, k, v, gk, r = self._project(x)
+        o, S = self.gla(q, k, v, gk, scale=self.K ** -0.5, output_final_state=True, chunk_size=self.chunk_size)
+        return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps), {"state": S}
+
+    def step(self, x: torch.Tensor, cache: dict, ctx: DecodeCache, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row, x [B, 1, d]: the projections (no conv: proj_in is per token), the decode op on
+        cache["state"] (in place), then proj_out."""
+        q, k, v, gk, r = self._project(x)
+        o, _ = self.gla_step(q[:, 0], k[:, 0], v[:, 0], gk[:, 0], cache["state"], scale=self.K ** -0.5)
+        return self.proj_out(o[:, None], r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
     def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
         """(op function, the dims it is called with) per op, for the run log's kernel plans."""

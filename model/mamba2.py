@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from model.common import CausalLM, RMSNorm, ShortConv, SwiGLU, init_ssm_decay_, resolve_chain
 from model.config import ModelConfig, ModelConfigError
+from model.decode import DecodeCache, conv_step, conv_tail, resolve_step
 
 
 class Mamba2Mixer(nn.Module):
@@ -37,6 +39,8 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = nn.Linear(d_inner, cfg.d_model, bias=False)
         self.out_proj.residual_out = True
         self.ssd, self.proj_in, self.proj_out, self.resolved_ops = resolve_chain(cfg, "ssd", "mamba2_proj_in")
+        self.ssd_step, label = resolve_step(cfg, "ssd_step")
+        self.decode_ops, self.cache_seq_dims = {"ssd_step": label}, {}
         self.adds_residual = True                                            # proj_out adds the block's residual
 
     def init_extra(self) -> None:
@@ -46,14 +50,40 @@ class Mamba2Mixer(nn.Module):
 
     def forward(self, u: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """u: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
+        return self.prefill(u, residual, cache=False)[0]
+
+    def prefill(self, u: torch.Tensor, residual: torch.Tensor | None = None,
+                cache: bool = True) -> tuple[torch.Tensor, dict | None]:
+        """forward, also returning the decode cache (with cache): state fp32 [B, H, N, P] (the op's final state)
+        and conv [B, W−1, d_inner + 2·G·N], the xBC pre-conv inputs of the last W − 1 tokens, recomputed from u
+        (model.decode.conv_tail: mamba2_proj_in does not return them)."""
         Bsz, T, _ = u.shape
         z, x, Bm, Cm, dt = self.proj_in(u, self.in_proj.weight, self.conv.conv.weight, self.conv.conv.bias,
                                         self.dt_bias, self.d_inner, self.G * self.N)    # dt [B, T, H] fp32
         x = x.view(Bsz, T, self.H, self.P)
-        y, _ = self.ssd(x, dt, -self.A_log.float().exp(), Bm.view(Bsz, T, self.G, self.N),
-                        Cm.view(Bsz, T, self.G, self.N), chunk_size=self.chunk_size)      # [B, T, H, P]
+        y, h = self.ssd(x, dt, -self.A_log.float().exp(), Bm.view(Bsz, T, self.G, self.N),
+                        Cm.view(Bsz, T, self.G, self.N), output_final_state=cache,
+                        chunk_size=self.chunk_size)                                      # [B, T, H, P]
         y = (y + self.D[:, None] * x).reshape(Bsz, T, 1, self.d_inner)      # one "head": the norm spans d_inner
-        return self.proj_out(y, z, self.norm.weight, self.out_proj.weight, residual, self.norm.eps, gate_first=True)
+        out = self.proj_out(y, z, self.norm.weight, self.out_proj.weight, residual, self.norm.eps, gate_first=True)
+        if not cache:
+            return out, None
+        xbc_w = self.in_proj.weight[self.d_inner:self.d_inner + self.conv.conv.in_channels]
+        return out, {"state": h, "conv": conv_tail(u, xbc_w, self.conv.conv.weight.shape[-1])}
+
+    def step(self, u: torch.Tensor, cache: dict, ctx: DecodeCache, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row, u [B, 1, d]: mamba2_proj_in's computation for the last position (the conv over the
+        cached tail, model.decode.conv_step), the decode op on cache["state"] (in place), then proj_out."""
+        Bsz, GN = u.shape[0], self.G * self.N
+        z, xbc, dt = F.linear(u[:, 0], self.in_proj.weight).split([self.d_inner, self.conv.conv.in_channels, self.H], -1)
+        xbc, cache["conv"] = conv_step(cache["conv"], xbc, self.conv.conv.weight, self.conv.conv.bias)
+        x, Bm, Cm = xbc.split([self.d_inner, GN, GN], -1)
+        x = x.reshape(Bsz, self.H, self.P)
+        y, _ = self.ssd_step(x, F.softplus(dt.float() + self.dt_bias), -self.A_log.float().exp(),
+                             Bm.reshape(Bsz, self.G, self.N), Cm.reshape(Bsz, self.G, self.N), cache["state"])
+        y = (y + self.D[:, None] * x).reshape(Bsz, 1, 1, self.d_inner)
+        return self.proj_out(y, z[:, None], self.norm.weight, self.out_proj.weight, residual, self.norm.eps,
+                             gate_first=True)
 
     def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:
         """(op function, the dims it is called with) per op, for the run log's kernel plans."""
