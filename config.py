@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import inspect
+import itertools
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +58,8 @@ class TrainConfig:
     cuda_graphs: bool = False          # with compile: Inductor's CUDA graphs (every step has the same shapes)
     log_with: str = "none"             # none | tensorboard (<run dir>/tensorboard/<name>/) | wandb: accelerate's
                                        # tracker, given metrics.jsonl's rows and the config (utils/trackers.py)
+    activation_checkpointing: str = "none"  # none | full (recompute each block) | selective (each block's MLP)
+    max_bad_steps: int = 5             # stop after this many consecutive steps skipped for a non-finite loss/grad norm
 
 
 @dataclass
@@ -67,6 +72,24 @@ class Config:
 
 class ConfigError(UserError, ValueError):
     pass
+
+
+def keys_help(sections: tuple[str, ...] = ("optim", "train")) -> str:
+    """The keys of `sections` with their defaults and source comments (a field's own line and the comment lines
+    continuing it), for a script's --help: the comments beside the fields are their documentation."""
+    out = []
+    for name in sections:
+        section = _fields(Config)[name].default_factory()
+        lines = inspect.getsource(type(section)).splitlines()
+        out.append(f"{name} (--{name}.KEY=VALUE):")
+        for f in dataclasses.fields(section):
+            at = next(i for i, line in enumerate(lines) if re.match(rf"\s+{f.name}\s*:", line))
+            notes = [lines[at].partition("#")[2].strip()]
+            notes += [line.strip()[1:].strip() for line in itertools.takewhile(
+                lambda line: re.match(r"\s{8,}#", line), lines[at + 1:])]
+            text = " ".join(n for n in notes if n)
+            out.append(f"  {f.name} = {getattr(section, f.name)!r}" + (f"  # {text}" if text else ""))
+    return "\n".join(out)
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -180,13 +203,15 @@ def _at_least(lo: float, strict: bool = False) -> tuple[Callable[[Any], bool], s
 
 
 _UNIT = (lambda v: 0 <= v < 1, "in [0, 1)")
+CHECKPOINTING = ("none", "full", "selective")     # train.activation_checkpointing (utils/activation_checkpointing.py)
 # Ranges the field types cannot say. Outside them a run is a silent no-op or a crash deep inside training:
 # grad_accum 0 "trains" with loss 0 and saves a checkpoint, max_steps -1 does nothing and exits 0, log_interval 0
 # divides by 0.
 RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.micro_batch_size": _at_least(1), "train.grad_accum": _at_least(1), "train.max_steps": _at_least(1),
     "train.log_interval": _at_least(1), "train.eval_interval": _at_least(0), "train.eval_batches": _at_least(0),
-    "train.ckpt_interval": _at_least(0), "train.keep_ckpts": _at_least(0),
+    "train.ckpt_interval": _at_least(0), "train.keep_ckpts": _at_least(0), "train.max_bad_steps": _at_least(1),
+    "train.activation_checkpointing": (lambda v: v in CHECKPOINTING, f"one of {', '.join(CHECKPOINTING)}"),
     "train.name": (lambda v: v.strip() not in ("", ".", ".."), "a folder name (not empty, '.' or '..')"),
     "data.seq_len": _at_least(1), "data.num_proc": _at_least(0),
     "optim.lr": _at_least(0, strict=True), "optim.warmup_steps": _at_least(0),

@@ -6,8 +6,8 @@
     python train.py --config configs/smoke.yaml --train.max_steps=200 --optim.lr 1e-3 --train.name=short
 
 Any config key can be overridden as --section.key=value (or --section.key value); the sections are model,
-data, optim and train, and config.py lists their keys. Unknown keys are errors. The run folder
-<train.out_dir>/<train.name> receives config.yaml, run.json (commit, device, versions, per-layer
+data, optim and train, and config.py lists their keys (--help lists optim's and train's). Unknown keys are errors.
+The run folder <train.out_dir>/<train.name> receives config.yaml, run.json (commit, device, versions, per-layer
 backends), metrics.jsonl and checkpoints/; --train.log_with=tensorboard or wandb sends the metrics to that tracker
 too (utils/trackers.py). One training process at a time holds a run folder (its .lock; a second run with the same
 --train.name refuses to start); evaluation reads it without the lock.
@@ -32,24 +32,21 @@ from accelerate import Accelerator, FullyShardedDataParallelPlugin
 from accelerate.utils import set_seed
 from tqdm import tqdm
 
-from config import Config, ConfigError, flatten, load_config, parser_flags, save_config, to_dict
+from config import Config, ConfigError, flatten, keys_help, load_config, parser_flags, save_config, to_dict
 from data.prepare import check_sources, prepare_split
 from data.sampler import BatchSampler, bos_token, eval_batches, eval_windows, max_eval_batches, windows_to_batch
 from model import build_model
+from model.hf import init_from_hf
+from utils.activation_checkpointing import checkpoint_activations
 from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoint, read_state, resume_target,
                               save_checkpoint, supersede_after)
 from utils.cli import run_cli
 from utils.compile import compiled_step, resolve_compile
-from utils.errors import UserError, write_error
+from utils.errors import write_error
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
+from utils.stepguard import Diverged, StepGuard, finite_mean
 from utils.trackers import project_config, record, resolve_log_with, start_trackers
-
-
-class Diverged(UserError, RuntimeError):
-    def __init__(self, message: str, step: int):
-        super().__init__(message)
-        self.step = step
 
 
 class Interrupted(KeyboardInterrupt):
@@ -61,17 +58,22 @@ class Interrupted(KeyboardInterrupt):
 # being continued, so the run would silently mix two settings.
 RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_dir", "train.max_steps",
                        "train.log_interval", "train.eval_interval", "train.eval_batches", "train.ckpt_interval",
-                       "train.keep_ckpts", "train.progress", "train.log_with", "data.cache_dir", "data.num_proc",
-                       "data.verify", "data.tokenizer_file"})
+                       "train.keep_ckpts", "train.progress", "train.log_with", "train.activation_checkpointing",
+                       "train.max_bad_steps", "data.cache_dir", "data.num_proc", "data.verify", "data.tokenizer_file"})
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, epilog=keys_help(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML preset, e.g. configs/gla_125m.yaml")
     p.add_argument("--backend", help="kernel backend for every op: naive, chunk, fused or fla (shorthand for "
                                      "--model.backend)")
     p.add_argument("--fuse", help="with --backend fused: the fused components to use, comma-separated from proj, "
                                   "state, chunk (default: all the ops have; shorthand for --model.fuse)")
+    p.add_argument("--init_from", metavar="hf:DIR",
+                   help="start from a Hugging Face folder's weights (python -m model.export writes one; fla's GLA, Gated "
+                        "DeltaNet and Mamba-2 and transformers' GPT-2 load); its model settings replace the config's, "
+                        "except backend, fuse, chunk_size and init_std")
     p.add_argument("--resume", nargs="?", const="latest", default=None,
                    help="continue from the run's latest checkpoint, or from PATH (a checkpoint, or a run folder's "
                         "latest); the run's checkpoints after it move to checkpoints/superseded-<time>/")
@@ -180,18 +182,6 @@ def evaluate(model, store, cfg: Config, accelerator) -> float:
     return (total[0] / total[1]).item()
 
 
-def check_finite(pending: list[tuple[int, torch.Tensor, torch.Tensor]], last_ckpt: str | None) -> None:
-    """Raise Diverged at the first step whose loss or gradient norm was not finite."""
-    if not pending:
-        return
-    ok = torch.isfinite(torch.stack([torch.stack([l, g]) for _, l, g in pending]).float()).all(1).tolist()
-    for (step, loss, gnorm), good in zip(pending, ok):
-        if not good:
-            raise Diverged(f"loss {loss.item()} / grad norm {gnorm.item()} at step {step} is not finite; "
-                           f"stopping. The last good checkpoint is {last_ckpt or 'none (none was saved)'}; "
-                           "nothing was saved after the divergence. Lower optim.lr or raise warmup.", step)
-
-
 def main(argv: list[str] | None = None) -> dict:
     with ExitStack() as stack:          # holds the run folder's lock until main returns or raises
         return _main(argv, stack)
@@ -205,13 +195,16 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         cfg.model.backend = args.backend
     if args.fuse:
         cfg.model.fuse = args.fuse
+    init_state, init_changes = None, []
+    if args.init_from:
+        cfg.model, init_state, init_changes = init_from_hf(args.init_from, cfg.model)
     tc = cfg.train
     precision = resolve_precision(tc.precision)
     log_with = resolve_log_with(tc.log_with)
     if args.allow_changes and not args.resume:
         raise ConfigError("--allow-changes applies only with --resume")
-    with torch.device("meta"):   # family, backends and shapes checked at once, before any data is downloaded
-        build_model(cfg.model)
+    with torch.device("meta"):   # family, backends, shapes and checkpointing checked before any data is downloaded
+        checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
     compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
                                               fsdp_plugin(precision) is not None)
     run_dir = Path(tc.out_dir) / tc.name
@@ -262,12 +255,17 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
 
     set_seed(tc.seed)
     model = build_model(cfg.model)
-    optimizer = make_optimizer(model, cfg, fused=device.type == "cuda")
+    if init_state is not None and resume_from is None:
+        model.load_state_dict(init_state, strict=True)
+        log(f"initialised from {args.init_from}" + (f"; model settings it changed: {', '.join(init_changes)}"
+                                                     if init_changes else ""))
+    optimizer = make_optimizer(model, cfg, fused=True)      # StepGuard skips bad steps through the fused kernel
     n_params = model.num_params()
     flops_tok = model.flops_per_token(cfg.data.seq_len)
     backends = model.backends()
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     plans = model.kernel_plans(tc.micro_batch_size, cfg.data.seq_len, compute_dtype, device)
+    recompute = checkpoint_activations(model, tc.activation_checkpointing)     # before FSDP2 shards and compile
     model, optimizer = accelerator.prepare(model, optimizer)
     step_model = compiled_step(model, cfg) if compile_on else model     # evaluation and checkpoints use `model`
     sampler = BatchSampler(train_store, cfg.data.seq_len, tc.micro_batch_size, tc.grad_accum,
@@ -275,7 +273,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                            bos_token(train_store, cfg.data.bos))
     tokens_per_step = sampler.global_batch * cfg.data.seq_len
 
-    step, last_ckpt = 0, None
+    step, last_ckpt, state = 0, None, {}
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from)
         step, last_ckpt = state["step"], str(resume_from)
@@ -301,7 +299,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         f"{tokens_per_step:,} tokens/step")
     for plan in plans:
         log(f"kernel plan: {plan}")
-    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why})")
+    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}")
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:
@@ -312,10 +310,12 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 f"{asked} that train.eval_batches x micro_batch_size ask for; all {held} are scored")
 
     peak = peak_flops(device, precision)
-    pending: list = []
+    guard = StepGuard(tc.max_bad_steps, accelerator.scaler is not None, bad_steps=state.get("bad_steps", 0),
+                      reduce=(lambda t: accelerator.reduce(t, "sum")) if accelerator.num_processes > 1 else None)
     result = {"steps": step}
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (main_proc and tc.progress), unit="step",
                dynamic_ncols=True)
+    warn = bar.write if main_proc else (lambda message: None)      # the guard's warnings, printed above the bar
     model.train()
     try:
         start_trackers(accelerator, cfg, run_dir, step)      # inside the try: end_training below closes them
@@ -336,11 +336,11 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
             gnorm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
             if hasattr(gnorm, "full_tensor"):      # FSDP2's norm is a (replicated) DTensor: a plain tensor for logging
                 gnorm = gnorm.full_tensor()
-            optimizer.step()
+            gnorm = torch.as_tensor(gnorm, device=device).detach().float()
+            guard.step(optimizer, step + 1, loss_sum, gnorm)     # no update when the loss or the norm is not finite
             optimizer.zero_grad(set_to_none=True)
             step += 1
             tokens_since += tokens_per_step
-            pending.append((step, loss_sum, torch.as_tensor(gnorm, device=device).detach().float()))
             interval_losses.append(loss_sum)
             bar.update(1)
             if first_step_s is None:
@@ -348,25 +348,23 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
 
             is_last = step == tc.max_steps
             if step % tc.log_interval == 0 or is_last:
-                check_finite(pending, last_ckpt)
-                pending.clear()
+                guard.check(last_ckpt, warn)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 dt = time.time() - t_log
-                loss_val = accelerator.reduce(torch.stack(interval_losses).mean(), reduction="mean").item()
+                loss_val = accelerator.reduce(finite_mean(interval_losses), reduction="mean").item()
                 tps = tokens_since / dt
                 row = {"step": step, "loss": loss_val, "lr": lr, "grad_norm": float(gnorm),
                        "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
                        "peak_mem_gb": peak_memory_gb(device), "tokens": step * tokens_per_step,
-                       "epoch": sampler.epoch_of(step), "first_step_s": first_step_s}
+                       "epoch": sampler.epoch_of(step), "first_step_s": first_step_s, "bad_steps": guard.bad_steps}
                 record(row, metrics, accelerator)
                 bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
                 t_log, tokens_since, interval_losses = time.time(), 0, []
                 result.update(loss=loss_val, tokens_per_s=tps)
 
             if val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last):
-                check_finite(pending, last_ckpt)
-                pending.clear()
+                guard.check(last_ckpt, warn)
                 val = evaluate(model, val_store, cfg, accelerator)
                 record({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))}, metrics, accelerator)
                 if main_proc:
@@ -375,10 +373,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 result["val_loss"] = val
 
             if (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last:
-                check_finite(pending, last_ckpt)
-                pending.clear()
-                last_ckpt = str(save_checkpoint(accelerator, run_dir, step, {"config": to_dict(cfg)}, tc.keep_ckpts,
-                                                model))
+                guard.check(last_ckpt, warn)
+                if guard.ok_to_save(step, last_ckpt, warn):
+                    extra = {"config": to_dict(cfg), "bad_steps": guard.bad_steps}
+                    last_ckpt = str(save_checkpoint(accelerator, run_dir, step, extra, tc.keep_ckpts, model))
     except Diverged as e:
         record({"step": e.step, "error": str(e)}, metrics, accelerator)
         raise

@@ -267,16 +267,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
 def environment() -> dict:
     import triton
 
-    try:
-        import fla
-        fla_version = fla.__version__
-    except ImportError:
-        fla_version = None
-    from utils.runinfo import peak_flops
+    from utils.runinfo import fla_version, peak_flops
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = peak_flops(torch.device("cuda"), "bf16") if torch.cuda.is_available() else None
-    return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version,
+    return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "fla": fla_version(),
             "date": datetime.date.today().isoformat(), "peak_flops": peak}
 
 

@@ -40,6 +40,8 @@ def test_overrides_are_typed():
     (["--optim.lr=0"], "'optim.lr' must be > 0"),
     (["--optim.beta2=1"], r"'optim.beta2' must be in \[0, 1\)"),
     (["--data.seq_len=0"], "'data.seq_len' must be >= 1"),
+    (["--train.max_bad_steps=0"], "'train.max_bad_steps' must be >= 1"),
+    (["--train.activation_checkpointing=mlp"], "'train.activation_checkpointing' must be one of none, full, selective"),
 ])
 def test_bad_overrides_are_errors(args, match):
     with pytest.raises(ConfigError, match=match):
@@ -100,3 +102,14 @@ def test_a_non_finite_float_in_yaml_is_refused_too(tmp_path):
     p.write_text("optim:\n  lr: .inf\n")
     with pytest.raises(ConfigError, match="'optim.lr' must be a finite number, got inf"):
         load_config(p)
+
+
+def test_help_lists_the_training_keys_with_their_comments(capsys):
+    import train
+
+    with pytest.raises(SystemExit):
+        train.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "activation_checkpointing = 'none'  # none | full (recompute each block) | selective" in out
+    assert "max_bad_steps = 5  # stop after this many consecutive steps skipped" in out
+    assert "grad_clip = 1.0  # 0 disables clipping" in out and "optim (--optim.KEY=VALUE):" in out

@@ -4,6 +4,7 @@ crash mid-save leaves the previous checkpoint usable."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -193,19 +194,26 @@ def test_fewer_validation_windows_than_asked_are_reported(tmp_path, capsys):
     assert "the split holds 62 windows of 32 tokens, fewer than the 400" in capsys.readouterr().out
 
 
-def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+def test_divergence_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch, capsys):
     train.main(tiny(tmp_path, "d", "--train.max_steps=6"))
     run = tmp_path / "runs" / "d"
     good = latest_checkpoint(run)
     AcceleratorState._reset_state(True)
     # an infinite learning rate from the resumed step on (the config refuses --optim.lr=inf itself)
     monkeypatch.setattr(train, "lr_at", lambda step, cfg: float("inf"))
-    with pytest.raises(train.Diverged, match=r"not finite.*step_00000006"):
-        train.main(tiny(tmp_path, "d", "--train.max_steps=12", "--train.log_interval=5") + ["--resume"])
-    assert latest_checkpoint(run) == good
-    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-    # step 7's inf update makes step 8's loss NaN; the check at the step-10 log finds it and names step 8
-    assert "error" in last and last["step"] == 8 and "at step 8" in last["error"]
+    with pytest.raises(train.Diverged, match=r"at step 12 is not finite: 5 consecutive steps \(8-12\) were, and "
+                                             r"train.max_bad_steps is 5; stopping.*step_00000006"):
+        train.main(tiny(tmp_path, "d", "--train.max_steps=12", "--train.log_interval=5", "--train.ckpt_interval=3")
+                   + ["--resume"])
+    assert latest_checkpoint(run) == good                      # step 9's checkpoint, mid-streak, was not saved
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # step 7's inf update makes every later loss NaN: steps 8-10 are skipped, warned about and counted at the
+    # step-10 log (whose loss is step 7's, the one finite), and the fifth in a row, step 12, stops the run
+    assert (rows[-2]["step"], rows[-2]["bad_steps"], math.isfinite(rows[-2]["loss"])) == (10, 3, True)
+    assert "error" in rows[-1] and rows[-1]["step"] == 12
+    out = capsys.readouterr().out
+    assert "warning: step 8: loss nan / grad norm nan is not finite; the update was skipped" in out
+    assert "warning: step 9: no checkpoint while steps are being skipped (2 in a row)" in out
 
 
 def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):

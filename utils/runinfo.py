@@ -1,6 +1,8 @@
 """What a run records about itself: commit, device, versions, peak FLOP/s for MFU."""
 from __future__ import annotations
 
+import importlib.metadata
+
 import json
 import os
 import subprocess
@@ -46,12 +48,17 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
-    try:
-        import fla
-        info["fla"] = getattr(fla, "__version__", "unknown")
-    except ImportError:
-        info["fla"] = None
+    info["fla"] = fla_version()
     return {**info, **git_commit()}
+
+
+def fla_version() -> str | None:
+    """The installed flash-linear-attention's version, or None; read from its package metadata, since importing
+    fla takes seconds."""
+    try:
+        return importlib.metadata.version("flash-linear-attention")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def peak_memory_gb(device: torch.device) -> float:
