@@ -120,7 +120,8 @@ class TextStream:
 
 def main(argv: list[str] | None = None) -> list[str]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt", required=True, help="checkpoint folder, or a run folder (its latest checkpoint)")
+    p.add_argument("--ckpt", required=True, help="checkpoint folder, a run folder (its latest checkpoint), or hf:DIR "
+                   "(a Hugging Face GPT-2 or fla GLA / Gated DeltaNet / Mamba-2 folder)")
     p.add_argument("--prompt", default="\n", help="text (GPT-2 BPE), or space-separated token ids for synthetic data")
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--num_samples", type=int, default=1, help="rows decoded together; one streams as it comes")
