@@ -215,6 +215,11 @@ def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, ba
                           f"{source_for(cfg.data, split)} is not WikiText (local wiki.*.raw files or the hub's "
                           "wikitext dataset); leave --detokenize out")
     store = prepare_split(cfg.data, split, rewrite=WIKITEXT_DETOKENIZE if detokenize else None)
+    rows = model.embed.weight.shape[0]
+    if store.vocab_size > rows:
+        raise ConfigError(f"the {split} split's tokens run to vocab_size {store.vocab_size}, but the model embeds "
+                          f"{rows}: it was trained on other data; give the data it was trained on with --data.* "
+                          "(e.g. --data.source, --data.tokenizer_file)")
     tokens = torch.from_numpy(store.get(0, len(store)))
     eot = store.meta.get("eot")
     if eot is not None:

@@ -123,6 +123,13 @@ def test_perplexity_default_name_tags_other_data(run_dir, tmp_path):
     assert json.loads(tagged[0].read_text())["loss"] != first["loss"]
 
 
+def test_perplexity_on_data_with_a_larger_vocabulary_names_it(run_dir, tmp_path):
+    """Tokens the embedding has no row for: an error naming both vocabularies, not an IndexError."""
+    with pytest.raises(ConfigError, match="vocab_size 32, but the model embeds 16"):
+        perplexity.main(["--ckpt", str(run_dir), "--split", "valid", f"--data.cache_dir={tmp_path / 'cache'}",
+                         "--data.synthetic.vocab_size=32"])
+
+
 def test_data_tag_ignores_spellings_of_one_source(tmp_path):
     from data.config import DataConfig
 
