@@ -34,7 +34,8 @@ from tqdm import tqdm
 
 from config import Config, ConfigError, flatten, keys_help, load_config, parser_flags, save_config, to_dict
 from data.prepare import check_sources, prepare_split
-from data.sampler import BatchSampler, bos_token, eval_batches, eval_windows, max_eval_batches, windows_to_batch
+from data.sampler import (BatchSampler, bos_token, cu_seqlens, eval_batches, eval_windows, max_eval_batches,
+                          separator_token, windows_to_batch)
 from model import build_model
 from model.hf import init_from_hf
 from utils.activation_checkpointing import checkpoint_activations
@@ -170,11 +171,12 @@ def evaluate(model, store, cfg: Config, accelerator) -> float:
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
     T, mb, n, world = cfg.data.seq_len, cfg.train.micro_batch_size, cfg.train.eval_batches, accelerator.num_processes
-    bos = bos_token(store, cfg.data.bos)
+    bos, sep = bos_token(store, cfg.data.bos), separator_token(store, cfg.data.varlen)
     mine = list(eval_batches(store, T, mb, n, world, accelerator.process_index, bos))
     pad = max_eval_batches(store, T, mb, n, world) - len(mine)
     for i, (x, y) in enumerate(mine + [windows_to_batch(store, [0], T, bos)] * pad):
-        _, loss = model(x.to(accelerator.device), y.to(accelerator.device), return_logits=False)
+        cu = None if sep is None else cu_seqlens(x, sep).to(accelerator.device)     # packed documents
+        _, loss = model(x.to(accelerator.device), y.to(accelerator.device), return_logits=False, cu_seqlens=cu)
         if i < len(mine):
             total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=total.device)])
     model.train()
@@ -207,6 +209,11 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
     compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
                                               fsdp_plugin(precision) is not None)
+    if cfg.data.varlen and (cfg.model.backend not in ("naive", "fla") or tc.compile == "true"):
+        raise ConfigError("data.varlen (packed documents) runs on --backend naive or fla, uncompiled (document "
+                          "offsets change shape every step); choose those, or --data.varlen=false")
+    if cfg.data.varlen and compile_on:
+        compile_on, compile_why = False, "off: data.varlen's document offsets change shape every step"
     run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder
@@ -272,6 +279,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                            accelerator.num_processes, accelerator.process_index, tc.seed,
                            bos_token(train_store, cfg.data.bos))
     tokens_per_step = sampler.global_batch * cfg.data.seq_len
+    sep = separator_token(train_store, cfg.data.varlen)           # packed documents: split at each separator
 
     step, last_ckpt, state = 0, None, {}
     if resume_from is not None:
@@ -326,10 +334,12 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 group["lr"] = lr
             loss_sum = torch.zeros((), device=device)
             for micro in range(tc.grad_accum):
-                x, y = (t.to(device, non_blocking=True) for t in sampler.batch(step, micro))
+                x, y = sampler.batch(step, micro)
+                cu = None if sep is None else cu_seqlens(x, sep).to(device)
+                x, y = (t.to(device, non_blocking=True) for t in (x, y))
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    _, loss = step_model(x, y, return_logits=False)     # chunked head + loss (ops.loss)
+                    _, loss = step_model(x, y, return_logits=False, cu_seqlens=cu)     # chunked head + loss
                     accelerator.backward(loss / tc.grad_accum)
                 loss_sum += loss.detach() / tc.grad_accum
             # max_norm = inf measures the norm without clipping

@@ -28,6 +28,10 @@ class DataConfig:
     tokenizer_file: str = ""           # GPT-2 BPE ranks for offline use (else $CHUNKFUSE_GPT2_BPE, else download)
     seq_len: int = 1024
     bos: bool = False                  # start every window with <|endoftext|> (no state starts mid-document)
+    doc_separator: bool = False        # <|endoftext|> before each document (WikiText: article; else a row); false:
+                                       # the plain stream, as published WikiText numbers use (shards of their own)
+    varlen: bool = False               # pack documents: the model restarts its state at each <|endoftext|> of a
+                                       # window (cu_seqlens; needs doc_separator, backends naive or fla)
     num_proc: int = 0                  # tokenizer processes; 0 → one per core
     verify: bool = True                # sha256-check shards when opening them
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)

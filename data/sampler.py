@@ -10,6 +10,11 @@ With a `bos` token (data.bos) every window starts with it: the input is bos foll
 seq_len − 1 tokens and the targets are its seq_len tokens, so no position starts from an empty recurrent state
 in the middle of a document, and the window's first token is predicted as a document start.
 
+With packed documents (data.varlen) the windows are the same, and `cu_seqlens(x, eot)` gives the model their
+document boundaries: a document starts at each row's first token and at every <|endoftext|> input (the separator
+data.doc_separator writes before each document acts as its first token, so it predicts the document's first word
+from an empty state, and the previous document's last token still predicts the separator).
+
 Consequences: the same rows in the same order for every backend (parity), resuming at step s needs
 no sampler state, and a global batch is the same set of rows whatever the world size.
 """
@@ -68,6 +73,26 @@ def windows_to_batch(store: TokenStore, windows: list[int], T: int,
     if bos is not None:
         return torch.cat([torch.full_like(t[:, :1], bos), t[:, :T - 1]], 1), t[:, :T].contiguous()
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def cu_seqlens(x: torch.Tensor, eot: int) -> torch.Tensor:
+    """Document offsets of a batch x int64 [B, T] in fla's convention: int32 (N + 1,), rising from 0 to B·T over
+    the flattened [1, B·T] stream, with a start at every row's first token and every position where x is eot."""
+    B, T = x.shape
+    start = x == eot                                                               # [B, T]
+    start[:, 0] = True
+    idx = start.flatten().nonzero().flatten()
+    return torch.cat([idx, idx.new_tensor([B * T])]).to(torch.int32)
+
+
+def separator_token(store: TokenStore, varlen: bool) -> int | None:
+    """The document separator packed training splits at (data.varlen), checked to be in the shards' stream."""
+    if not varlen:
+        return None
+    if not store.meta.get("doc_separator"):
+        raise ShardError(f"data.varlen packs documents at their <|endoftext|> separators, and {store.folder} has "
+                         "none; add --data.doc_separator=true")
+    return int(store.meta["eot"])
 
 
 def bos_token(store: TokenStore, enabled: bool) -> int | None:

@@ -11,6 +11,8 @@ Splits are called train / valid / test everywhere; hub splits named `validation`
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +64,33 @@ def local_split_file(src: Source, split: str) -> Path:
     option = "--data.source" if split == "train" else "--data.eval_source"
     raise FileNotFoundError(f"no {split!r} split in {src.name}: looked for {', '.join(_LOCAL_NAMES[split])}; add "
                             f"one, or point {option} at a directory that has it")
+
+
+# A WikiText article's title row: " = Title = " (sections are " = = Section = = ")
+WIKITEXT_TITLE = re.compile(r" = [^=](?:.*[^=])? = \n?")
+
+
+def is_wikitext(src: Source, split: str) -> bool:
+    """Whether `split` of `src` is WikiText: local wiki.*.raw files or a hub dataset named wikitext."""
+    if src.kind == "local":
+        name = local_split_file(src, split).name
+        return name.startswith("wiki.") and name.endswith(".raw")
+    return src.kind == "hf" and "wikitext" in src.name.lower()
+
+
+def wikitext_title(text: str) -> bool:
+    return WIKITEXT_TITLE.fullmatch(text) is not None
+
+
+def non_empty(text: str) -> bool:
+    return bool(text.strip())
+
+
+def document_starts(src: Source, split: str) -> Callable[[str], bool]:
+    """row text → whether a document starts at that row: a WikiText article at its title row; for any other
+    source each non-empty row is a document (a local file's line, a hub dataset's row). Module-level functions,
+    so that tokenizer worker processes can pickle them."""
+    return wikitext_title if is_wikitext(src, split) else non_empty
 
 
 def text_fingerprint(src: Source, split: str) -> dict:

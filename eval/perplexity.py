@@ -56,7 +56,7 @@ from tqdm import tqdm
 from config import Config, ConfigError, config_from_dict, parse_overrides, parser_flags, set_dotted
 from data.config import DataConfig, DataSourceError
 from data.prepare import TextRewrite, prepare_split, source_for
-from data.sources import local_split_file, parse_source
+from data.sources import is_wikitext as wikitext_source, parse_source
 from model import build_model
 from model.hf import hf_dir, load_hf
 from utils.checkpoint import (WEIGHTS_FILE, CheckpointError, checkpoint_problem, complete_checkpoints, read_state,
@@ -159,11 +159,7 @@ WIKITEXT_DETOKENIZE = TextRewrite(
 
 def is_wikitext(data: DataConfig, split: str) -> bool:
     """Whether `split` under `data` comes from WikiText: local wiki.*.raw files or a hub dataset named wikitext."""
-    src = source_for(data, split)
-    if src.kind == "local":
-        name = local_split_file(src, split).name
-        return name.startswith("wiki.") and name.endswith(".raw")
-    return src.kind == "hf" and "wikitext" in src.name.lower()
+    return wikitext_source(source_for(data, split), split)
 
 
 def window_plan(n_inputs: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
@@ -214,9 +210,11 @@ def evaluate_split(model, cfg: Config, split: str, seq_len: int, stride: int, ba
         raise ConfigError(f"--detokenize undoes WikiText's tokenisation, but the {split} split's source "
                           f"{source_for(cfg.data, split)} is not WikiText (local wiki.*.raw files or the hub's "
                           "wikitext dataset); leave --detokenize out")
-    store = prepare_split(cfg.data, split, rewrite=WIKITEXT_DETOKENIZE if detokenize else None)
-    rows = model.embed.weight.shape[0]
-    if store.vocab_size > rows:
+    # the plain stream whatever the run trained on: the published word perplexity has no document separators
+    plain = dataclasses.replace(cfg.data, doc_separator=False, varlen=False)
+    store = prepare_split(plain, split, rewrite=WIKITEXT_DETOKENIZE if detokenize else None)
+    rows = getattr(getattr(model, "cfg", None), "vocab_size", None)      # the model's embedding rows
+    if rows is not None and store.vocab_size > rows:
         raise ConfigError(f"the {split} split's tokens run to vocab_size {store.vocab_size}, but the model embeds "
                           f"{rows}: it was trained on other data; give the data it was trained on with --data.* "
                           "(e.g. --data.source, --data.tokenizer_file)")

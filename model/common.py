@@ -12,7 +12,7 @@ from model import decode
 from model.config import ModelConfig, ModelConfigError
 from model.decode import DecodeCache
 from ops.loss.linear_cross_entropy import linear_cross_entropy
-from ops import BackendError, fused_label, get_op, kernel_plan, parse_fuse
+from ops import BackendError, fused_label, get_op, kernel_plan, parse_fuse, varlen
 from ops.proj.short_conv import short_conv_ref
 
 
@@ -54,11 +54,12 @@ class Block(nn.Module):
         # A mixer whose output op adds the residual itself (the proj_out op; in its GEMM's epilogue when fused)
         self.mixer_adds_residual = getattr(mixer, "adds_residual", False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, d] → [B, T, d]; cu_seqlens (packed documents, x [1, T, d]) goes to the mixer."""
         if self.mixer_adds_residual:
-            x = self.mixer(self.mixer_norm(x), residual=x)
+            x = self.mixer(self.mixer_norm(x), residual=x, cu_seqlens=cu_seqlens)
         else:
-            x = x + self.mixer(self.mixer_norm(x))
+            x = x + self.mixer(self.mixer_norm(x), cu_seqlens=cu_seqlens)
         return x if self.mlp is None else x + self.mlp(self.mlp_norm(x))
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -178,17 +179,26 @@ class CausalLM(nn.Module):
             if hasattr(m, "init_extra"):
                 m.init_extra()
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True,
+                cu_seqlens: torch.Tensor | None = None):
         """idx, targets: int64 [B, T]. Returns logits [B, T, vocab] and, with targets, the mean loss.
         With targets and return_logits=False (training) the logits are None and the loss comes from the
         linear_cross_entropy op (ops.loss): the same math, chunked over rows so the whole [B, T, vocab]
-        logits never exist at once."""
-        if self.pos_embed is not None and idx.shape[1] > self.cfg.max_seq_len:
-            raise ModelConfigError(f"sequence of {idx.shape[1]} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
-        x = self.embed_tokens(idx, torch.arange(idx.shape[1], device=idx.device))  # [B, T, d]
+        logits never exist at once.
+        cu_seqlens: packed documents, int32 offsets into the flattened [1, B·T] token stream (ops/varlen.py;
+        data.sampler.cu_seqlens starts one at every row and every separator). The blocks then run on one row
+        [1, B·T, d], each document as if alone: recurrent states and short convolutions restart at its first token,
+        attention stays inside it and learned positions count from 0 at its start."""
+        B, T = idx.shape
+        if self.pos_embed is not None and T > self.cfg.max_seq_len:
+            raise ModelConfigError(f"sequence of {T} tokens exceeds model.max_seq_len {self.cfg.max_seq_len}")
+        if cu_seqlens is None:
+            x = self.embed_tokens(idx, torch.arange(T, device=idx.device))          # [B, T, d]
+        else:
+            x = self.embed_tokens(idx, varlen.positions(cu_seqlens, B * T).view(B, T)).view(1, B * T, -1)
         for block in self.blocks:
-            x = block(x)
-        x = self.norm(x)
+            x = block(x) if cu_seqlens is None else block(x, cu_seqlens)
+        x = self.norm(x).view(B, T, -1)
         head = self.embed.weight if self.head is None else self.head.weight
         if targets is not None and not return_logits:
             return None, linear_cross_entropy(x, head, targets)

@@ -50,16 +50,19 @@ class GatedDeltaNetMixer(nn.Module):
     def init_extra(self) -> None:
         init_ssm_decay_(self.A_log, self.dt_bias)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
-        q, k, v, g, beta, r = self._project(x)                 # q, k [B, T, H, K]; v [B, T, H, V]; g, β fp32 [B, T, H]
-        o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5, chunk_size=self.chunk_size)  # [B, T, H, V]
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input); cu_seqlens:
+        packed documents (B = 1), the short convs and the state restarting at each."""
+        q, k, v, g, beta, r = self._project(x, cu_seqlens)    # q, k [B, T, H, K]; v [B, T, H, V]; g, β fp32 [B, T, H]
+        o, _ = self.gated_delta(q, k, v, g, beta, scale=self.K ** -0.5, chunk_size=self.chunk_size,
+                                cu_seqlens=cu_seqlens)                                               # [B, T, H, V]
         return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _project(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         return self.proj_in(x, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.r_proj.weight,
                             self.b_proj.weight, self.a_proj.weight, self.q_conv.conv.weight, self.k_conv.conv.weight,
-                            self.v_conv.conv.weight, self.A_log, self.dt_bias, self.H)
+                            self.v_conv.conv.weight, self.A_log, self.dt_bias, self.H, cu_seqlens=cu_seqlens)
 
     def prefill(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """forward, also returning the decode cache: state fp32 [B, H, K, V] (the op's final state) and conv

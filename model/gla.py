@@ -38,10 +38,13 @@ class GLAMixer(nn.Module):
         self.decode_ops, self.cache_seq_dims = {"gla_step": label}, {}
         self.adds_residual = True                                           # proj_out adds the block's residual
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input); cu_seqlens:
+        packed documents (B = 1), the state restarting at each (proj_in is per token and needs none)."""
         q, k, v, gk, r = self._project(x)                                   # [B, T, H, K|V]; gk fp32; r [B, T, H·V]
-        o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5, chunk_size=self.chunk_size)   # [B, T, H, V]
+        o, _ = self.gla(q, k, v, gk, scale=self.K ** -0.5, chunk_size=self.chunk_size,
+                        cu_seqlens=cu_seqlens)                              # [B, T, H, V]
         return self.proj_out(o, r, self.o_norm.weight, self.o_proj.weight, residual, self.o_norm.eps)
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -46,15 +46,16 @@ class MHA(nn.Module):
         self.decode_ops = {"attention_step": "KV cache, PyTorch SDPA"}
         self.cache_seq_dims = {"k": 2, "v": 2}                               # [B, H, S, D]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.prefill(x)[0]
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, d] → [B, T, d]; cu_seqlens: packed documents (B = 1), attention kept inside each."""
+        return self.prefill(x, cu_seqlens)[0]
 
-    def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def prefill(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """forward, also returning the KV cache k, v [B, H, T, D]."""
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.H, self.D).unbind(2)       # [B, T, H, D] each
-        return self.proj(self.attention(q, k, v, causal=True).reshape(B, T, d)), {"k": k.transpose(1, 2),
-                                                                                    "v": v.transpose(1, 2)}
+        o = self.attention(q, k, v, causal=True, cu_seqlens=cu_seqlens)    # [B, T, H, D]
+        return self.proj(o.reshape(B, T, d)), {"k": k.transpose(1, 2), "v": v.transpose(1, 2)}
 
     def step(self, x: torch.Tensor, cache: dict, ctx: DecodeCache) -> torch.Tensor:
         """One token per row, x [B, 1, d]: its k, v written at slot ctx.slot, then its query over slots
@@ -107,10 +108,12 @@ class RAMLA(nn.Module):
             if self.alpha is not None:
                 self.alpha.fill_(self.alpha_init)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, d] → [B, T, d]; cu_seqlens: packed documents (B = 1), attention and band kept inside each."""
         B, T, d = x.shape
         q = self.q_proj(x).view(B, T, self.H, self.D)
-        ctx = self.ramla(q, self.kd_proj(x), self.vd_proj(x), self.w_ql, self.w_vu, self.alpha, self.W)
+        ctx = self.ramla(q, self.kd_proj(x), self.vd_proj(x), self.w_ql, self.w_vu, self.alpha, self.W,
+                         cu_seqlens=cu_seqlens)
         return self.proj(ctx.reshape(B, T, d))
 
     def prefill(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:

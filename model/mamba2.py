@@ -48,22 +48,25 @@ class Mamba2Mixer(nn.Module):
         with torch.no_grad():
             self.D.fill_(1.0)
 
-    def forward(self, u: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """u: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input)."""
-        return self.prefill(u, residual, cache=False)[0]
+    def forward(self, u: torch.Tensor, residual: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """u: [B, T, d] → [B, T, d]; plus residual [B, T, d] when given (the block passes its input); cu_seqlens:
+        packed documents (B = 1), the short conv and the state restarting at each."""
+        return self.prefill(u, residual, cache=False, cu_seqlens=cu_seqlens)[0]
 
-    def prefill(self, u: torch.Tensor, residual: torch.Tensor | None = None,
-                cache: bool = True) -> tuple[torch.Tensor, dict | None]:
+    def prefill(self, u: torch.Tensor, residual: torch.Tensor | None = None, cache: bool = True,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict | None]:
         """forward, also returning the decode cache (with cache): state fp32 [B, H, N, P] (the op's final state)
         and conv [B, W−1, d_inner + 2·G·N], the xBC pre-conv inputs of the last W − 1 tokens, recomputed from u
         (model.decode.conv_tail: mamba2_proj_in does not return them)."""
         Bsz, T, _ = u.shape
         z, x, Bm, Cm, dt = self.proj_in(u, self.in_proj.weight, self.conv.conv.weight, self.conv.conv.bias,
-                                        self.dt_bias, self.d_inner, self.G * self.N)    # dt [B, T, H] fp32
+                                        self.dt_bias, self.d_inner, self.G * self.N,
+                                        cu_seqlens=cu_seqlens)                           # dt [B, T, H] fp32
         x = x.view(Bsz, T, self.H, self.P)
         y, h = self.ssd(x, dt, -self.A_log.float().exp(), Bm.view(Bsz, T, self.G, self.N),
                         Cm.view(Bsz, T, self.G, self.N), output_final_state=cache,
-                        chunk_size=self.chunk_size)                                      # [B, T, H, P]
+                        chunk_size=self.chunk_size, cu_seqlens=cu_seqlens)               # [B, T, H, P]
         y = (y + self.D[:, None] * x).reshape(Bsz, T, 1, self.d_inner)      # one "head": the norm spans d_inner
         out = self.proj_out(y, z, self.norm.weight, self.out_proj.weight, residual, self.norm.eps, gate_first=True)
         if not cache:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ops import BackendError, backend_fn
+from ops import BackendError, backend_fn, varlen
 
 COMPONENTS = ()                # one kernel; `--fuse` has nothing to choose here
 HEAD_DIMS = (64,)
@@ -141,8 +141,11 @@ def plan(device: torch.device, B: int, T: int, H: int, **_) -> str:
 
 @backend_fn(plan=plan)
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-              scale: float | None = None) -> torch.Tensor:
-    """q, k, v: [B, T, H, 64] → o [B, T, H, 64] in q's dtype (computed in fp16 with fp32 accumulation)."""
+              scale: float | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v: [B, T, H, 64] → o [B, T, H, 64] in q's dtype (computed in fp16 with fp32 accumulation).
+    cu_seqlens (packed documents) is refused: the WMMA kernel masks only causally."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("attention", "fused")
     return wmma_attention(q, k, v, causal, scale)
 
 

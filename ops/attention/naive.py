@@ -11,23 +11,35 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ops import varlen
+
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                        scale: float | None = None) -> torch.Tensor:
-    """q, k, v: [B, T, H, D] → o [B, T, H, D], with explicit scores and softmax in fp32."""
+                        scale: float | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v: [B, T, H, D] → o [B, T, H, D], with explicit scores and softmax in fp32; cu_seqlens as
+    `attention`'s."""
     T, D = q.shape[1], q.shape[-1]
     scale = 1 / math.sqrt(D) if scale is None else scale
     s = torch.einsum("bihd,bjhd->bhij", q.float(), k.float()) * scale              # [B, H, T, T]
-    if causal:
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, q.shape[0], T, "attention")
+        s = s.masked_fill(~varlen.causal_document_mask(cu_seqlens, T), float("-inf"))
+    elif causal:
         s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), float("-inf"))
     return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v.float()).to(v.dtype)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-              scale: float | None = None) -> torch.Tensor:
-    """q, k, v: [B, T, H, D] → o [B, T, H, D] (torch SDPA; flash/cuDNN kernels on GPU)."""
+              scale: float | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k, v: [B, T, H, D] → o [B, T, H, D] (torch SDPA; flash/cuDNN kernels on GPU). With cu_seqlens (packed
+    documents, B = 1; ops/varlen.py) each query sees only the keys of its own document up to itself: SDPA with a
+    block-diagonal causal bool mask [T, T] (O(T²) memory; `causal` is implied)."""
+    mask = None
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, q.shape[0], q.shape[1], "attention")
+        mask, causal = varlen.causal_document_mask(cu_seqlens, q.shape[1]), False
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       is_causal=causal, scale=scale)
+                                       attn_mask=mask, is_causal=causal, scale=scale)
     return o.transpose(1, 2)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.library import absent, contiguous, kernel_op, maybe
 from ops.chunkwise.cumsum import chunk_cumsum
 from ops.chunkwise.decay_attention import check_inputs
@@ -147,10 +147,13 @@ def chunk_gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 @backend_fn(chunk_sizes=CHUNK_SIZES, plan=plan)
 def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 scale: float | None = None, initial_state: torch.Tensor | None = None,
-                output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+                output_final_state: bool = False, chunk_size: int = 64,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gated_delta.naive.gated_delta: q, k [B, T, H, K] (k L2-normalised); v [B, T, H, V];
     g (log-decay ≤ 0), beta [B, T, H]; states [B, H, K, V] fp32. Returns o in v's dtype and the
-    final state if asked."""
+    final state if asked. cu_seqlens: refused."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("gated_delta", "chunk")
     check_dtypes("gated_delta", "chunk", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return chunk_gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)

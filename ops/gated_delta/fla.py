@@ -13,11 +13,13 @@ CHUNK_SIZES = (64,)                 # fla's chunk kernels fix C = 64
 @backend_fn(chunk_sizes=CHUNK_SIZES)
 def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 scale: float | None = None, initial_state: torch.Tensor | None = None,
-                output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+                output_final_state: bool = False, chunk_size: int = 64,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gated_delta.naive.gated_delta: [B, T, H, K|V] activations, g and beta [B, T, H],
-    [B, H, K, V] fp32 states."""
+    [B, H, K, V] fp32 states; cu_seqlens (packed documents, B = 1, states [N, H, K, V]) goes to fla's own
+    varlen path."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     check_chunk_size("gated_delta", "fla", chunk_size, CHUNK_SIZES)
     return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                  output_final_state=output_final_state)
+                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -7,12 +7,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ops.gated_delta.chunk import gated_delta
+import torch
+
+from ops import backend_fn, varlen
+from ops.gated_delta import chunk
 from ops.triton_utils import check_triton_device
 
 COMPONENTS: tuple[str, ...] = ()
 
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)
+
+
+@backend_fn(chunk_sizes=chunk.CHUNK_SIZES, plan=chunk.plan)
+def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                scale: float | None = None, initial_state: torch.Tensor | None = None,
+                output_final_state: bool = False, chunk_size: int = 64,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The `chunk` backend's computation (shapes as ops.gated_delta.naive.gated_delta); cu_seqlens is refused."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("gated_delta", "fused")
+    return chunk.gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
 
 
 def build(fuse: frozenset[str]) -> Callable:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn
+from ops import backend_fn, varlen
+from ops.gla.naive import start_state
 
 CHUNK_SIZE = 64
 CHUNK_SIZES = (16, 32, 64)      # the Triton backends' sizes (see ops/gated_delta/chunk.py); the oracle runs any
@@ -26,31 +27,53 @@ CHUNK_SIZES = (16, 32, 64)      # the Triton backends' sizes (see ops/gated_delt
 def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                           beta: torch.Tensor, scale: float | None = None,
                           initial_state: torch.Tensor | None = None,
-                          output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          output_final_state: bool = False,
+                          cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Step-by-step recurrence. q, k: [B, T, H, K]; v: [B, T, H, V]; g (log-decay ≤ 0), beta: [B, T, H];
-    initial_state: [B, H, K, V]. Returns o [B, T, H, V] in v's dtype and the final state."""
+    initial_state: [B, H, K, V]. Returns o [B, T, H, V] in v's dtype and the final state.
+    With cu_seqlens (ops/varlen.py: B = 1, N documents) S restarts at each document's first token from zero or
+    initial_state[n] ([N, H, K, V]); the final state is [N, H, K, V], each document's last S."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
-    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(acc)     # [B, H, K, V]
-    o = []
+    packed = cu_seqlens is not None
+    cu = varlen.offsets(cu_seqlens, B, T, "gated_delta") if packed else [0, T]
+    if packed:
+        varlen.initial_for(initial_state, len(cu) - 1, "gated_delta")
+    starts, finals = {a: n for n, a in enumerate(cu[:-1])}, []
+    S, o = start_state(initial_state, 0, packed, q, B, H, K, V), []            # [B, H, K, V]
     for t in range(T):
+        if t in starts:                                                               # a document starts
+            if t:
+                finals.append(S)
+            S = start_state(initial_state, starts[t], packed, q, B, H, K, V)
         kt, bt = k[:, t], beta[:, t, :, None, None]                                   # [B, H, K], [B, H, 1, 1]
         S = g[:, t, :, None, None].exp() * S                                           # α_t S_{t-1}
         S = S - bt * kt.unsqueeze(-1) * torch.einsum("bhk,bhkv->bhv", kt, S).unsqueeze(-2)  # (I − β k kᵀ) ·
         S = S + bt * kt.unsqueeze(-1) * v[:, t].unsqueeze(-2)                          # + β k vᵀ
         o.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))                   # [B, H, V]
+    S = torch.cat(finals + [S])                                                       # [B or N, H, K, V]
     o = torch.stack(o, 1) if T else v.new_zeros(B, 0, H, V)
     return o.to(v.dtype), (S if output_final_state else None)
 
 
-def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: int = CHUNK_SIZE):
+def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: int = CHUNK_SIZE,
+                          cu_seqlens: torch.Tensor | None = None):
+    """The chunkwise form; with cu_seqlens the documents run in ops/varlen.py's chunk-aligned layout, the state
+    pass restarting at each document's first chunk and the final state [N, H, K, V] taken at its last."""
     B, T, H, K = q.shape
     V, C = v.shape[-1], chunk_size
     scale = K ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    starts, ends, dest = {0: 0}, {}, None
+    if cu_seqlens is not None:
+        cu = varlen.offsets(cu_seqlens, B, T, "gated_delta")
+        varlen.initial_for(initial_state, len(cu) - 1, "gated_delta")
+        dest, P, starts, ends = varlen.chunk_layout(cu, C, q.device)
+        q, k, v, g, beta = (varlen.to_chunks(x.to(acc), dest, P) for x in (q, k, v, g, beta))   # [1, P, ...]
+        T_out, T = T, P
     pad = -T % C
     # Padding with k = v = 0, β = 0 and g = 0 leaves outputs and the final state unchanged.
     q, k, v = (F.pad(x.to(acc), (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
@@ -71,29 +94,39 @@ def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: in
     q_in = q * b.to(acc).exp().unsqueeze(-1)                                       # decay from chunk start to i
     k_out = k * (b[..., -1:] - b).to(acc).exp().unsqueeze(-1)                      # decay from j to chunk end
     gamma_C = b[..., -1].to(acc).exp()                                             # [B, H, N]
-    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(acc)
-    o = []
+    o, finals = [], []
     # unbind once: indexing [:, :, n] in the loop would cost a full-size zero-fill per chunk in the backward
-    for U0_n, W_n, q_n, A_n, g_n, k_n in zip(*(x.unbind(2) for x in (U0, W, q_in, A, gamma_C, k_out))):
+    for n, (U0_n, W_n, q_n, A_n, g_n, k_n) in enumerate(zip(*(x.unbind(2) for x in (U0, W, q_in, A, gamma_C,
+                                                                                     k_out)))):
+        if n in starts:                                                            # a document's first chunk
+            S = start_state(initial_state, starts[n], dest is not None, q, B, H, K, V)
         U = U0_n - W_n @ S                                                         # [B, H, C, V]
         o.append(q_n @ S + A_n @ U)                                                # [B, H, C, V]
         S = g_n[..., None, None] * S + k_n.transpose(-1, -2) @ U
+        if n in ends:
+            finals.append(S)
+    if N == 0:
+        return v.new_zeros(B, 0, H, V), start_state(initial_state, 0, False, q, B, H, K, V)
     o = torch.stack(o, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]    # [B, T, H, V]
+    if dest is not None:
+        return varlen.from_chunks(o, dest)[:, :T_out], torch.cat(finals)           # [1, L, H, V], [N, H, K, V]
     return o, S
 
 
 @backend_fn(chunk_sizes=CHUNK_SIZES)
 def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 scale: float | None = None, initial_state: torch.Tensor | None = None,
-                output_final_state: bool = False, chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
+                output_final_state: bool = False, chunk_size: int = CHUNK_SIZE,
+                cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise gated delta rule (the `naive` backend), in fp32 (fp64 for fp64 inputs).
 
     q, k: [B, T, H, K] (k L2-normalised per head for a contractive update); v: [B, T, H, V];
     g: [B, T, H] log-decay ≤ 0; beta: [B, T, H] in [0, 1]; initial_state: [B, H, K, V].
     Returns o [B, T, H, V] in v's dtype and, if asked, the final state [B, H, K, V] in fp32.
+    cu_seqlens: packed documents (ops/varlen.py: B = 1, states [N, H, K, V]).
     """
     with torch.autocast(q.device.type, enabled=False):
-        o, S = chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size)
+        o, S = chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size, cu_seqlens)
     return o.to(v.dtype), (S if output_final_state else None)
 
 

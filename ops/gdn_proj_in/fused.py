@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.proj.short_conv import conv_plan, short_conv
 from ops.triton_utils import check_dtypes, check_triton_device
 
@@ -44,10 +44,13 @@ def plan(device: torch.device, M: int, H: int, K: int, V: int, **_) -> str:
 def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
                 w_b: torch.Tensor, w_a: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor,
                 conv_v: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                n_heads: int) -> tuple[torch.Tensor, ...]:
+                n_heads: int, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Shapes as ops.gdn_proj_in.naive.gdn_proj_in: x [B, T, d]; w_q, w_k [H·K, d]; w_v, w_r [H·V, d];
     w_b, w_a [H, d]; conv_q, conv_k [H·K, 1, W]; conv_v [H·V, 1, W]; A_log, dt_bias (H,) → q, k [B, T, H, K],
-    v [B, T, H, V] (x's dtype, or autocast's), g, β [B, T, H] fp32, r [B, T, H·V] (a view of the GEMM's output)."""
+    v [B, T, H, V] (x's dtype, or autocast's), g, β [B, T, H] fp32, r [B, T, H·V] (a view of the GEMM's output).
+    cu_seqlens (packed documents) is refused: the short conv kernels do not restart at document starts."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("gdn_proj_in", "fused")
     check_dtypes("gdn_proj_in", "fused", x, w_q)
     B, T, d = x.shape
     H = n_heads

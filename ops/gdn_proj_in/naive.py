@@ -18,16 +18,17 @@ from ops.proj.short_conv import short_conv_ref
 def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, w_r: torch.Tensor,
                 w_b: torch.Tensor, w_a: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor,
                 conv_v: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                n_heads: int) -> tuple[torch.Tensor, ...]:
+                n_heads: int, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """x: [B, T, d] (the block's normed input); w_q, w_k: [H·K, d]; w_v, w_r: [H·V, d]; w_b, w_a: [H, d]
     (nn.Linear's layouts); conv_q, conv_k: [H·K, 1, W] and conv_v: [H·V, 1, W] (nn.Conv1d's); A_log, dt_bias: (H,).
-    Returns q, k [B, T, H, K] and v [B, T, H, V] (one dtype: v's), g, β [B, T, H] fp32 and r [B, T, H·V]."""
+    Returns q, k [B, T, H, K] and v [B, T, H, V] (one dtype: v's), g, β [B, T, H] fp32 and r [B, T, H·V].
+    cu_seqlens: packed documents (B = 1): the short convolutions restart at each document (ops/varlen.py)."""
     B, T, _ = x.shape
     H = n_heads
     # ShortConv, then F.normalize per head (eps 1e-6), as the layer ran them
-    q = short_conv_ref(F.linear(x, w_q), conv_q, head_dim=w_q.shape[0] // H).view(B, T, H, -1)
-    k = short_conv_ref(F.linear(x, w_k), conv_k, head_dim=w_k.shape[0] // H).view(B, T, H, -1)
-    v = short_conv_ref(F.linear(x, w_v), conv_v).view(B, T, H, -1)
+    q = short_conv_ref(F.linear(x, w_q), conv_q, head_dim=w_q.shape[0] // H, cu_seqlens=cu_seqlens).view(B, T, H, -1)
+    k = short_conv_ref(F.linear(x, w_k), conv_k, head_dim=w_k.shape[0] // H, cu_seqlens=cu_seqlens).view(B, T, H, -1)
+    v = short_conv_ref(F.linear(x, w_v), conv_v, cu_seqlens=cu_seqlens).view(B, T, H, -1)
     # CUDA autocast runs F.normalize in fp32; the mixer ops take q, k, v in one dtype
     q, k = q.to(v.dtype), k.to(v.dtype)
     beta = F.linear(x, w_b).float().sigmoid()                                          # [B, T, H]

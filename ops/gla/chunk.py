@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import CHUNK_SIZES, chunk_decay_attention, stages_plan
 from ops.triton_utils import check_dtypes, check_triton_device
 
@@ -16,9 +16,12 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 @backend_fn(chunk_sizes=CHUNK_SIZES, plan=functools.partial(stages_plan, split_state=False))
 def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
         scale: float | None = None, initial_state: torch.Tensor | None = None,
-        output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
+        output_final_state: bool = False, chunk_size: int = 64,
+        cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shapes as ops.gla.naive.gla: q, k, gk [B, T, H, K] (gk may be [B, T, H, 1]); v [B, T, H, V];
-    states [B, H, K, V] fp32. Returns o in v's dtype and the final state if asked."""
+    states [B, H, K, V] fp32. Returns o in v's dtype and the final state if asked. cu_seqlens: refused."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("gla", "chunk")
     check_dtypes("gla", "chunk", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return chunk_decay_attention(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import (CHUNK_SIZES as STAGE_CHUNK_SIZES, check_inputs, chunk_decay_attention,
                                            decay_grad, grads_fake, stages_plan, state_segments, states_backward,
                                            states_forward)
@@ -185,8 +185,11 @@ def _op(fuse_chunk: bool, split_state: bool) -> Callable:
                 plan=functools.partial(plan, fuse_chunk, split_state))
     def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
             scale: float | None = None, initial_state: torch.Tensor | None = None,
-            output_final_state: bool = False, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Shapes as ops.gla.naive.gla."""
+            output_final_state: bool = False, chunk_size: int = 64,
+            cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Shapes as ops.gla.naive.gla; cu_seqlens is refused."""
+        if cu_seqlens is not None:
+            raise varlen.refuse("gla", "fused")
         check_dtypes("gla", "fused", q, k, v)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         if fuse_chunk:

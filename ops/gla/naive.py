@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 
 CHUNK_SIZE = 64
 CHUNK_SIZES = (16, 32, 64, 128, 256)    # multiples of SUB_CHUNK: the sizes the Triton backends run
@@ -27,20 +27,32 @@ SUB_CHUNK = 16
 
 def gla_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
                   scale: float | None = None, initial_state: torch.Tensor | None = None,
-                  output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  output_final_state: bool = False,
+                  cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Step-by-step recurrence. q, k, gk: [B, T, H, K] (gk may be [B, T, H, 1]); v: [B, T, H, V];
-    initial_state: [B, H, K, V]. Returns o [B, T, H, V] in v's dtype and the final state (fp32)."""
+    initial_state: [B, H, K, V]. Returns o [B, T, H, V] in v's dtype and the final state (fp32).
+    With cu_seqlens (ops/varlen.py: B = 1, N documents) S restarts at each document's first token from zero or
+    initial_state[n] ([N, H, K, V]), and the final state is [N, H, K, V], each document's last S."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, gk = (x.to(acc) for x in (q, k, v, gk))
-    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(acc)    # [B, H, K, V]
-    o = []
+    packed = cu_seqlens is not None
+    cu = varlen.offsets(cu_seqlens, B, T, "gla") if packed else [0, T]
+    if packed:
+        varlen.initial_for(initial_state, len(cu) - 1, "gla")
+    starts, finals = {a: n for n, a in enumerate(cu[:-1])}, []
+    S, o = start_state(initial_state, 0, packed, q, B, H, K, V), []        # [B, H, K, V]
     for t in range(T):
+        if t in starts:                                                        # a document starts: S ← S_0
+            if t:
+                finals.append(S)
+            S = start_state(initial_state, starts[t], packed, q, B, H, K, V)
         decay = gk[:, t].exp().unsqueeze(-1)                                   # [B, H, K|1, 1]
         S = decay * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)          # [B, H, K, V]
         o.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))            # [B, H, V]
+    S = torch.cat(finals + [S])                                                # [B or N, H, K, V]
     o = torch.stack(o, 1) if T else v.new_zeros(B, 0, H, V)                    # [B, T, H, V]
     return o.to(v.dtype), (S if output_final_state else None)
 
@@ -80,7 +92,9 @@ def _intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, sub: 
 
 def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
                scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
-               chunk_size: int = CHUNK_SIZE, sub_chunk: int = SUB_CHUNK):
+               chunk_size: int = CHUNK_SIZE, sub_chunk: int = SUB_CHUNK, cu_seqlens: torch.Tensor | None = None):
+    """The chunkwise form; with cu_seqlens the documents run in ops/varlen.py's chunk-aligned layout, the state
+    pass restarting at each document's first chunk and the final state [N, H, K, V] taken at its last."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
@@ -89,6 +103,13 @@ def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
         raise ValueError(f"chunk_size {C} must be a multiple of sub_chunk {sub}")
     scale = K ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    starts, ends, dest = {0: 0}, {}, None
+    if cu_seqlens is not None:
+        cu = varlen.offsets(cu_seqlens, B, T, "gla")
+        varlen.initial_for(initial_state, len(cu) - 1, "gla")
+        dest, P, starts, ends = varlen.chunk_layout(cu, C, q.device)
+        q, k, v, gk = (varlen.to_chunks(x.to(acc), dest, P) for x in (q, k, v, gk))     # [1, P, H, D]
+        T_out, T = T, P
     pad = -T % C
     # Padding with k = v = 0 and gk = 0 (no decay) leaves outputs and the final state unchanged.
     q, k, v, gk = (F.pad(x.to(acc), (0, 0, 0, 0, 0, pad)) for x in (q, k, v, gk))
@@ -101,29 +122,46 @@ def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     q_in = q * b.to(acc).exp()                                         # decay from chunk start to i
     k_out = k * (b_last - b).to(acc).exp()                             # decay from j to chunk end
     b_last = b_last.to(acc)
-    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(acc)  # [B, H, K, V]
-    o_inter = []
+    o_inter, finals = [], []
     # unbind once: indexing [:, :, n] in the loop would cost a full-size zero-fill per chunk in the backward
-    for q_n, b_n, k_n, v_n in zip(*(x.unbind(2) for x in (q_in, b_last, k_out, v))):
+    for n, (q_n, b_n, k_n, v_n) in enumerate(zip(*(x.unbind(2) for x in (q_in, b_last, k_out, v)))):
+        if n in starts:                                                # a document's first chunk: S ← S_0
+            S = start_state(initial_state, starts[n], dest is not None, q, B, H, K, V)
         o_inter.append(q_n @ S)                                        # [B, H, C, V]
         S = b_n.exp().transpose(-1, -2) * S + k_n.transpose(-1, -2) @ v_n
-    o = o + torch.stack(o_inter, 2)                                    # [B, H, N, C, V]
+        if n in ends:
+            finals.append(S)
+    if N == 0:
+        S = start_state(initial_state, 0, False, q, B, H, K, V)
+    o = o + torch.stack(o_inter, 2) if N else o                        # [B, H, N, C, V]
     o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]        # [B, T, H, V]
+    if dest is not None:
+        return varlen.from_chunks(o, dest)[:, :T_out], torch.cat(finals)   # [1, L, H, V], [N, H, K, V]
     return o, S
+
+
+def start_state(initial_state: torch.Tensor | None, doc: int, packed: bool, like: torch.Tensor,
+                        B: int, H: int, K: int, V: int) -> torch.Tensor:
+    """S_0 of a sequence (packed: of document `doc`, [1, H, K, V]) in like's dtype: zeros or the initial state."""
+    if initial_state is None:
+        return like.new_zeros(B, H, K, V)
+    return (initial_state[doc:doc + 1] if packed else initial_state).to(like.dtype)
 
 
 @backend_fn(chunk_sizes=CHUNK_SIZES)
 def gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
         scale: float | None = None, initial_state: torch.Tensor | None = None,
-        output_final_state: bool = False, chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
+        output_final_state: bool = False, chunk_size: int = CHUNK_SIZE,
+        cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise GLA (the `naive` backend), computed in fp32 (fp64 for fp64 inputs).
 
     q, k, gk: [B, T, H, K] (gk ≤ 0, or [B, T, H, 1] for a scalar decay); v: [B, T, H, V];
     initial_state: [B, H, K, V]. Returns o [B, T, H, V] in v's dtype and, if asked, the final
-    state [B, H, K, V] in fp32.
+    state [B, H, K, V] in fp32. cu_seqlens: packed documents (ops/varlen.py: B = 1, states [N, H, K, V]).
     """
     with torch.autocast(q.device.type, enabled=False):  # the oracle stays fp32 inside bf16 training
-        o, S = chunkwise_gla(q, k, v, gk, scale, initial_state, output_final_state, chunk_size)
+        o, S = chunkwise_gla(q, k, v, gk, scale, initial_state, output_final_state, chunk_size,
+                             cu_seqlens=cu_seqlens)
     return o.to(v.dtype), (S if output_final_state else None)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.proj.short_conv import conv_plan, short_conv
 from ops.triton_utils import check_dtypes, check_triton_device
 
@@ -34,10 +34,14 @@ def plan(device: torch.device, M: int, channels: int, **_) -> str:
 
 @backend_fn(plan=plan)
 def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, conv_b: torch.Tensor | None,
-                   dt_bias: torch.Tensor, d_inner: int, d_state: int) -> tuple[torch.Tensor, ...]:
+                   dt_bias: torch.Tensor, d_inner: int, d_state: int,
+                   cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Shapes as ops.mamba2_proj_in.naive.mamba2_proj_in: u [B, T, d]; w_in [2·d_inner + 2·d_state + H, d];
     conv_w [d_inner + 2·d_state, 1, W]; conv_b [d_inner + 2·d_state] or None; dt_bias (H,) → z, x [B, T, d_inner],
-    B, C [B, T, d_state] (the GEMM's dtype; z a view of its output, x, B, C views of the conv's), dt [B, T, H] fp32."""
+    B, C [B, T, d_state] (the GEMM's dtype; z a view of its output, x, B, C views of the conv's), dt [B, T, H] fp32.
+    cu_seqlens (packed documents) is refused: the short conv kernel does not restart at document starts."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("mamba2_proj_in", "fused")
     check_dtypes("mamba2_proj_in", "fused", u, w_in)
     H = dt_bias.shape[0]
     conv_dim = d_inner + 2 * d_state

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ops import varlen
 from ops.library import absent, contiguous, kernel_op, maybe
 
 EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py uses it
@@ -205,24 +206,39 @@ short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def short_conv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   head_dim: int | None = None) -> torch.Tensor:
-    """The PyTorch oracle, model.common.ShortConv's computation (+ F.normalize per head): [B, T, C] → [B, T, C]."""
+                   head_dim: int | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """The PyTorch oracle, model.common.ShortConv's computation (+ F.normalize per head): [B, T, C] → [B, T, C].
+    With cu_seqlens (packed documents, B = 1; ops/varlen.py) x counts as 0 before each document's first token:
+    pre[t] = bias + Σ_{s<W} w[:, W−1−s] · x[t − s] · [pos(t) ≥ s], pos(t) the position of t in its document."""
     B, T, C = x.shape
-    y = F.silu(F.conv1d(x.transpose(1, 2), weight.reshape(C, 1, -1), bias, padding=weight.shape[-1] - 1,
-                        groups=C)[..., :T].transpose(1, 2))
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, B, T, "short_conv")
+        pos = varlen.positions(cu_seqlens, T)                                      # (T,)
+        w = weight.reshape(C, -1)                                                  # [C, W]
+        W = w.shape[-1]
+        pre = sum(F.pad(x, (0, 0, s, 0))[:, :T] * (pos >= s)[None, :, None].to(x.dtype) * w[:, W - 1 - s]
+                  for s in range(W))                                               # [1, T, C]
+        y = F.silu(pre if bias is None else pre + bias)
+    else:
+        y = F.silu(F.conv1d(x.transpose(1, 2), weight.reshape(C, 1, -1), bias, padding=weight.shape[-1] - 1,
+                            groups=C)[..., :T].transpose(1, 2))
     if head_dim is not None:
         y = F.normalize(y.reshape(B, T, C // head_dim, head_dim), dim=-1, eps=EPS).reshape(B, T, C)
     return y
 
 
 def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               head_dim: int | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+               head_dim: int | None = None, out_dtype: torch.dtype | None = None,
+               cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """x: [B, T, C], may be a column slice of a wider row-major tensor (x.stride(-1) == 1, any row stride
     x.stride(1); batch stride x.stride(0)); weight: [C, W] (nn.Conv1d's [C, 1, W] squeezed; [C, 1, W] is
     accepted too), any W ≤ 8; bias (C,) or None. Returns silu(causal_conv(x)) as a contiguous [B, T, C]
     tensor in out_dtype (default x.dtype); with head_dim (any divisor of C; padded to a power of two inside
     the kernels), each group of head_dim channels is then L2-normalised like F.normalize(eps=1e-6):
-    y / max(‖y‖, eps). All math in fp32. Gradients: dx [B, T, C] in x's dtype, dweight, dbias in theirs."""
+    y / max(‖y‖, eps). All math in fp32. Gradients: dx [B, T, C] in x's dtype, dweight, dbias in theirs.
+    cu_seqlens (packed documents) is refused: the kernels do not mask at document starts (short_conv_ref does)."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("short_conv", "fused")
     if x.dim() != 3 or x.stride(-1) != 1:
         raise ValueError(f"short_conv: x must be [B, T, C] with unit channel stride, got shape {tuple(x.shape)} "
                          f"strides {x.stride()}")

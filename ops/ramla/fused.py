@@ -237,10 +237,13 @@ def plan(device: torch.device, B: int, T: int, H: int, L: int, W: int, plain: bo
 @backend_fn(plan=plan)
 def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
           w_vu: torch.Tensor, alpha: torch.Tensor | None, window: int,
-          scale: float | None = None) -> torch.Tensor:
+          scale: float | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """RA+MLA attention. Shapes as ops.ramla.naive.ramla: q [B, T, H, D], k_lat, v_lat [B, T, L],
-    w_ql [H, D, L], w_vu [H, L, D], alpha 0-d or None (plain MLA) → [B, T, H, D]."""
-    from ops import BackendError
+    w_ql [H, D, L], w_vu [H, L, D], alpha 0-d or None (plain MLA) → [B, T, H, D]. cu_seqlens is refused."""
+    from ops import BackendError, varlen
+
+    if cu_seqlens is not None:
+        raise varlen.refuse("ramla", "fused")
 
     L = k_lat.shape[-1]
     if L not in LATENT_DIMS:

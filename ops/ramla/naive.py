@@ -13,32 +13,42 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ops import varlen
+
 
 def mla_sdpa(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
-             w_vu: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Plain causal MLA through SDPA. Shapes as `ramla`."""
+             w_vu: torch.Tensor, scale: float | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Plain causal MLA through SDPA. Shapes as `ramla`; mask: bool [T, T] (True: attend) in place of the causal
+    one."""
     B, T, H, _ = q.shape
     L = k_lat.shape[-1]
     q_lat = torch.einsum("bthd,hdl->bhtl", q, w_ql)                                # [B, H, T, L]
     k = k_lat.unsqueeze(1).expand(B, H, T, L)                                       # shared by heads
     v = v_lat.unsqueeze(1).expand(B, H, T, L)
-    ctx = F.scaled_dot_product_attention(q_lat, k, v, is_causal=True, scale=scale)  # [B, H, T, L]
+    ctx = F.scaled_dot_product_attention(q_lat, k, v, attn_mask=mask, is_causal=mask is None,
+                                         scale=scale)                               # [B, H, T, L]
     return torch.einsum("bhtl,hld->bthd", ctx, w_vu)                                # [B, T, H, D]
 
 
 def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch.Tensor,
           w_vu: torch.Tensor, alpha: torch.Tensor | None, window: int,
-          scale: float | None = None) -> torch.Tensor:
+          scale: float | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """RA+MLA attention (the `naive` backend).
 
     q: [B, T, H, D]; k_lat, v_lat: [B, T, L]; w_ql: [H, D, L]; w_vu: [H, L, D]; alpha: 0-d tensor
     (learnable) or None for plain MLA; window: band W ≥ 0; scale defaults to 1/√L.
     Returns the per-head context [B, T, H, D] (the output projection is the model's).
+    cu_seqlens (packed documents, B = 1; ops/varlen.py): scores, the causal mask and the reciprocal band all stay
+    inside each document (same[i, j]: i and j in one document), so each document attends as if alone.
     """
     L = k_lat.shape[-1]
     scale = L ** -0.5 if scale is None else scale
+    same = None
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, q.shape[0], q.shape[1], "ramla")
+        same = varlen.causal_document_mask(cu_seqlens, q.shape[1])                  # [T, T]: j ≤ i, one document
     if alpha is None:
-        return mla_sdpa(q, k_lat, v_lat, w_ql, w_vu, scale)
+        return mla_sdpa(q, k_lat, v_lat, w_ql, w_vu, scale, same)
     T, dtype = q.shape[1], q.dtype
     with torch.autocast(q.device.type, enabled=False):
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -47,9 +57,10 @@ def ramla(q: torch.Tensor, k_lat: torch.Tensor, v_lat: torch.Tensor, w_ql: torch
         S = q_lat @ k_lat.unsqueeze(1).transpose(-1, -2) * scale                    # [B, H, T(i), T(j)]
         i = torch.arange(T, device=q.device)[:, None]
         j = torch.arange(T, device=q.device)[None, :]
-        band = ((i - j >= 0) & (i - j <= window)).to(acc)                           # [T, T]
+        keep = j <= i if same is None else same                                      # [T, T]
+        band = ((i - j <= window) & keep).to(acc)                                   # [T, T]
         s = S + alpha.to(acc) * S.transpose(-1, -2) * band                          # S_ji on the band
-        p = s.masked_fill(j > i, float("-inf")).softmax(-1)                          # [B, H, T, T]
+        p = s.masked_fill(~keep, float("-inf")).softmax(-1)                          # [B, H, T, T]
         ctx = p @ v_lat.unsqueeze(1)                                                 # [B, H, T, L]
         o = torch.einsum("bhtl,hld->bthd", ctx, w_vu)                                # [B, T, H, D]
     return o.to(dtype)

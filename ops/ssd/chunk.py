@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import CHUNK_SIZES, chunk_decay_attention, stages_plan
 from ops.triton_utils import check_dtypes, check_triton_device
 
@@ -22,8 +22,10 @@ def ssd_plan(device: torch.device, B: int, T: int, H: int, N: int, P: int, chunk
 @backend_fn(chunk_sizes=CHUNK_SIZES, plan=functools.partial(ssd_plan, split_state=False))
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-        chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Shapes as ops.ssd.naive.ssd: x [B, T, H, P]; dt [B, T, H]; A (H,); B, C [B, T, G, N]."""
+        chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shapes as ops.ssd.naive.ssd: x [B, T, H, P]; dt [B, T, H]; A (H,); B, C [B, T, G, N]. cu_seqlens: refused."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("ssd", "chunk")
     return ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state, chunk_size, split_state=False)
 
 

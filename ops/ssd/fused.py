@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ops import backend_fn
+from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import CHUNK_SIZES
 from ops.ssd import chunk
 from ops.triton_utils import check_triton_device
@@ -23,8 +23,10 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 @backend_fn(chunk_sizes=CHUNK_SIZES, plan=functools.partial(chunk.ssd_plan, split_state=True))
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-        chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every fused component this op has (state). Shapes as ops.ssd.naive.ssd."""
+        chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Every fused component this op has (state). Shapes as ops.ssd.naive.ssd; cu_seqlens is refused."""
+    if cu_seqlens is not None:
+        raise varlen.refuse("ssd", "fused")
     return chunk.ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state, chunk_size, split_state=True)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ops import backend_fn
-from ops.gla.naive import CHUNK_SIZE, CHUNK_SIZES, chunkwise_gla
+from ops import backend_fn, varlen
+from ops.gla.naive import CHUNK_SIZE, CHUNK_SIZES, chunkwise_gla, start_state
 
 
 def expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
@@ -25,19 +25,31 @@ def expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
 
 def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                   initial_state: torch.Tensor | None = None,
-                  output_final_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  output_final_state: bool = False,
+                  cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x: [B, T, H, P]; dt: [B, T, H] (> 0, after softplus); A: (H,) (< 0); B, C: [B, T, G, N];
-    initial_state: [B, H, N, P]. Returns y [B, T, H, P] in x's dtype and the final state."""
+    initial_state: [B, H, N, P]. Returns y [B, T, H, P] in x's dtype and the final state.
+    With cu_seqlens (ops/varlen.py: B = 1, N documents) h restarts at each document's first token from zero or
+    initial_state[n] ([N, H, N, P]); the final state is [N, H, N, P], each document's last h."""
     Bsz, T, H, P = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     x, dt, A = x.to(acc), dt.to(acc), A.to(acc)
     Bm, Cm = (expand_groups(t, H).to(acc) for t in (B, C))                         # [B, T, H, N]
-    h = x.new_zeros(Bsz, H, Bm.shape[-1], P) if initial_state is None else initial_state.to(acc)
-    y = []
+    packed, N = cu_seqlens is not None, Bm.shape[-1]
+    cu = varlen.offsets(cu_seqlens, Bsz, T, "ssd") if packed else [0, T]
+    if packed:
+        varlen.initial_for(initial_state, len(cu) - 1, "ssd")
+    starts, finals = {a: n for n, a in enumerate(cu[:-1])}, []
+    h, y = start_state(initial_state, 0, packed, x, Bsz, H, N, P), []     # [B, H, N, P]
     for t in range(T):
+        if t in starts:                                                               # a document starts
+            if t:
+                finals.append(h)
+            h = start_state(initial_state, starts[t], packed, x, Bsz, H, N, P)
         a = (dt[:, t] * A).exp()[..., None, None]                                     # [B, H, 1, 1]
         h = a * h + (dt[:, t, :, None, None] * Bm[:, t].unsqueeze(-1)) * x[:, t].unsqueeze(-2)  # [B, H, N, P]
         y.append(torch.einsum("bhn,bhnp->bhp", Cm[:, t], h))
+    h = torch.cat(finals + [h])                                                       # [B or N, H, N, P]
     y = torch.stack(y, 1) if T else x.new_zeros(Bsz, 0, H, P)
     return y.to(x.dtype), (h if output_final_state else None)
 
@@ -45,15 +57,17 @@ def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
 @backend_fn(chunk_sizes=CHUNK_SIZES)
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         initial_state: torch.Tensor | None = None, output_final_state: bool = False,
-        chunk_size: int = CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor | None]:
+        chunk_size: int = CHUNK_SIZE, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise SSD (the `naive` backend), through GLA's chunkwise form; shapes as ssd_recurrent.
-    Returns y [B, T, H, P] in x's dtype and, if asked, the final state [B, H, N, P] in fp32."""
+    Returns y [B, T, H, P] in x's dtype and, if asked, the final state [B, H, N, P] in fp32.
+    cu_seqlens: packed documents (ops/varlen.py: B = 1, states [N, H, N, P])."""
     H = x.shape[2]
     with torch.autocast(x.device.type, enabled=False):
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         v = x.to(acc) * dt.to(acc).unsqueeze(-1)                                       # [B, T, H, P]
         gk = (dt.to(acc) * A.to(acc)).unsqueeze(-1)                                    # [B, T, H, 1]
-        y, h = chunkwise_gla(expand_groups(C, H), expand_groups(B, H), v, gk, 1.0, initial_state, True, chunk_size)
+        y, h = chunkwise_gla(expand_groups(C, H), expand_groups(B, H), v, gk, 1.0, initial_state, True, chunk_size,
+                             cu_seqlens=cu_seqlens)
     return y.to(x.dtype), (h if output_final_state else None)
 
 
