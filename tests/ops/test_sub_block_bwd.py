@@ -50,8 +50,13 @@ def dqk_pair(q, k, v, b, h, do, dh, scale, C):
             stage("chunk_bwd_dqkb", C)(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C))
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("gate", list(GATES))
+# The kernels have no branch on the decay's value (min_range < 0 takes every chunk), so the gates only change the
+# numbers: each runs once at a shape of its own, and all of them at T < C, where the masks cover most of the chunk.
+CELLS = [(CASES[0], "mixed"), (CASES[1], "extreme"), (CASES[3], "realistic"), (CASES[4], "none"),
+         *((CASES[2], gate) for gate in GATES)]
+
+
+@pytest.mark.parametrize("case,gate", CELLS, ids=str)
 def test_fused_kernels_equal_the_chunk_stages(case, gate, device, poison_empty):
     inputs = make(case, gate, torch.float32, device)
     got, want = dv_pair(*inputs)
