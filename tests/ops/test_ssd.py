@@ -49,6 +49,19 @@ def test_gradcheck_tiny():
     assert torch.autograd.gradcheck(lambda *a: ssd(*a[:5], initial_state=a[5], output_final_state=True), xs)
 
 
+def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
+    """Σ_{b,t} |dt ∂g| per head [H]: the terms ∂A sums, ∂g from the GLA recurrence in fp64 with q = C, k = B,
+    v = dt·x (groups expanded to heads)."""
+    from ops.gla.naive import gla_recurrent
+
+    H, G = x.shape[2], Bm.shape[2]
+    g = (dt * A)[..., None].requires_grad_()
+    Bh, Ch = (m.repeat_interleave(H // G, dim=2) for m in (Bm, Cm))
+    y, s = gla_recurrent(Ch, Bh, x * dt[..., None], g, 1.0, h0, True)
+    (dg,) = torch.autograd.grad((y * dy).sum() + (s * dh).sum(), g)
+    return (dt[..., None] * dg).abs().sum(dim=(0, 1, 3))
+
+
 @pytest.mark.parametrize("backend", backends_under_test("ssd"))
 # T = 600: ten chunks of 64, which `fused`'s split state scan runs as two segments (short_segments)
 @pytest.mark.parametrize("shape", [(2, 70, 4, 8, 2, 16), (1, 5, 2, 4, 1, 8), (1, 600, 1, 8, 1, 8)],
@@ -79,8 +92,12 @@ def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_e
     # ∂dt and ∂A go through ∂g, made of exp(b_t − b_s) of the same rounded b: the outputs' bound (tol). No other
     # allowance: ∂g is formed without cancelling terms (tests/ops/test_decay_grad.py holds it to 1e-5 on its own)
     b_terms = {n: (tol - 1e-5) * r.grad.norm().item() for n, r in (("dt", ref_in[1]), ("A", ref_in[2]))}
+    # ∂A_h = Σ_{b,t} dt ∂g sums T terms of both signs: held relative to Σ |dt ∂g|, the size of what it sums (with
+    # H = 1 the terms can cancel to 1e-2 of their size, and fp32's rounding of them then reaches 1e-5 of ∂A)
+    mags = [t.grad.abs() for t in ref_in]
+    mags[2] = torch.maximum(mags[2], dA_terms(*(t.detach() for t in ref_in), dy, dh))
     try:
-        grads_close([t.grad for t in got_in], [t.grad for t in ref_in], "x dt A B C h0".split(), 1e-5, b_terms)
+        grads_close([t.grad for t in got_in], [t.grad for t in ref_in], "x dt A B C h0".split(), 1e-5, b_terms, mags)
     except AssertionError as e:                     # the draw, so that a failure can be replayed
         raise AssertionError(f"seed {seed}: {e}") from None
 
