@@ -39,6 +39,25 @@ def initial_for(initial_state: torch.Tensor | None, n_docs: int, op: str) -> Non
                          f"got {tuple(initial_state.shape)}")
 
 
+def document_starts(cu_seqlens: torch.Tensor | None, initial_state: torch.Tensor | None, B: int, T: int,
+                    op: str) -> dict[int, int]:
+    """{first token: document} for a token-by-token recurrence, after checking the offsets and the per-document
+    initial state; {0: 0} (one sequence per row) without cu_seqlens."""
+    if cu_seqlens is None:
+        return {0: 0}
+    cu = offsets(cu_seqlens, B, T, op)
+    initial_for(initial_state, len(cu) - 1, op)
+    return {a: n for n, a in enumerate(cu[:-1])}
+
+
+def start_state(initial_state: torch.Tensor | None, doc: int, packed: bool, like: torch.Tensor,
+                B: int, H: int, K: int, V: int) -> torch.Tensor:
+    """S_0 of a sequence (packed: of document `doc`, [1, H, K, V]) in like's dtype: zeros or the initial state."""
+    if initial_state is None:
+        return like.new_zeros(B, H, K, V)
+    return (initial_state[doc:doc + 1] if packed else initial_state).to(like.dtype)
+
+
 def chunk_layout(cu: list[int], C: int, device: torch.device) -> tuple[torch.Tensor, int, dict[int, int],
                                                                         dict[int, int]]:
     """Each document padded to whole chunks of C. Returns dest (L,) int64, the padded position of every token;

@@ -99,3 +99,16 @@ def has_triton_cuda_backend() -> bool:
     except ImportError:
         return False
     return "nvidia" in backends
+
+
+def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
+    """Σ_{b,t} |dt ∂g| per head [H]: the terms ∂A sums, ∂g from the GLA recurrence in fp64 with q = C, k = B,
+    v = dt·x (groups expanded to heads)."""
+    from ops.gla.naive import gla_recurrent
+
+    H, G = x.shape[2], Bm.shape[2]
+    g = (dt * A)[..., None].requires_grad_()
+    Bh, Ch = (m.repeat_interleave(H // G, dim=2) for m in (Bm, Cm))
+    y, s = gla_recurrent(Ch, Bh, x * dt[..., None], g, 1.0, h0, True)
+    (dg,) = torch.autograd.grad((y * dy).sum() + (s * dh).sum(), g)
+    return (dt[..., None] * dg).abs().sum(dim=(0, 1, 3))

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from ops import backend_fn, varlen
-from ops.gla.naive import start_state
 
 CHUNK_SIZE = 64
 CHUNK_SIZES = (16, 32, 64)      # the Triton backends' sizes (see ops/gated_delta/chunk.py); the oracle runs any
@@ -39,16 +38,13 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, g, beta = (x.to(acc) for x in (q, k, v, g, beta))
     packed = cu_seqlens is not None
-    cu = varlen.offsets(cu_seqlens, B, T, "gated_delta") if packed else [0, T]
-    if packed:
-        varlen.initial_for(initial_state, len(cu) - 1, "gated_delta")
-    starts, finals = {a: n for n, a in enumerate(cu[:-1])}, []
-    S, o = start_state(initial_state, 0, packed, q, B, H, K, V), []            # [B, H, K, V]
+    starts, finals = varlen.document_starts(cu_seqlens, initial_state, B, T, "gated_delta"), []
+    S, o = varlen.start_state(initial_state, 0, packed, q, B, H, K, V), []            # [B, H, K, V]
     for t in range(T):
         if t in starts:                                                               # a document starts
             if t:
                 finals.append(S)
-            S = start_state(initial_state, starts[t], packed, q, B, H, K, V)
+            S = varlen.start_state(initial_state, starts[t], packed, q, B, H, K, V)
         kt, bt = k[:, t], beta[:, t, :, None, None]                                   # [B, H, K], [B, H, 1, 1]
         S = g[:, t, :, None, None].exp() * S                                           # α_t S_{t-1}
         S = S - bt * kt.unsqueeze(-1) * torch.einsum("bhk,bhkv->bhv", kt, S).unsqueeze(-2)  # (I − β k kᵀ) ·
@@ -99,14 +95,14 @@ def chunkwise_gated_delta(q, k, v, g, beta, scale, initial_state, chunk_size: in
     for n, (U0_n, W_n, q_n, A_n, g_n, k_n) in enumerate(zip(*(x.unbind(2) for x in (U0, W, q_in, A, gamma_C,
                                                                                      k_out)))):
         if n in starts:                                                            # a document's first chunk
-            S = start_state(initial_state, starts[n], dest is not None, q, B, H, K, V)
+            S = varlen.start_state(initial_state, starts[n], dest is not None, q, B, H, K, V)
         U = U0_n - W_n @ S                                                         # [B, H, C, V]
         o.append(q_n @ S + A_n @ U)                                                # [B, H, C, V]
         S = g_n[..., None, None] * S + k_n.transpose(-1, -2) @ U
         if n in ends:
             finals.append(S)
     if N == 0:
-        return v.new_zeros(B, 0, H, V), start_state(initial_state, 0, False, q, B, H, K, V)
+        return v.new_zeros(B, 0, H, V), varlen.start_state(initial_state, 0, False, q, B, H, K, V)
     o = torch.stack(o, 2).permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]    # [B, T, H, V]
     if dest is not None:
         return varlen.from_chunks(o, dest)[:, :T_out], torch.cat(finals)           # [1, L, H, V], [N, H, K, V]

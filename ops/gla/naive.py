@@ -39,16 +39,13 @@ def gla_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     q, k, v, gk = (x.to(acc) for x in (q, k, v, gk))
     packed = cu_seqlens is not None
-    cu = varlen.offsets(cu_seqlens, B, T, "gla") if packed else [0, T]
-    if packed:
-        varlen.initial_for(initial_state, len(cu) - 1, "gla")
-    starts, finals = {a: n for n, a in enumerate(cu[:-1])}, []
-    S, o = start_state(initial_state, 0, packed, q, B, H, K, V), []        # [B, H, K, V]
+    starts, finals = varlen.document_starts(cu_seqlens, initial_state, B, T, "gla"), []
+    S, o = varlen.start_state(initial_state, 0, packed, q, B, H, K, V), []        # [B, H, K, V]
     for t in range(T):
         if t in starts:                                                        # a document starts: S ← S_0
             if t:
                 finals.append(S)
-            S = start_state(initial_state, starts[t], packed, q, B, H, K, V)
+            S = varlen.start_state(initial_state, starts[t], packed, q, B, H, K, V)
         decay = gk[:, t].exp().unsqueeze(-1)                                   # [B, H, K|1, 1]
         S = decay * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)          # [B, H, K, V]
         o.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))            # [B, H, V]
@@ -126,26 +123,18 @@ def chunkwise_gla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.T
     # unbind once: indexing [:, :, n] in the loop would cost a full-size zero-fill per chunk in the backward
     for n, (q_n, b_n, k_n, v_n) in enumerate(zip(*(x.unbind(2) for x in (q_in, b_last, k_out, v)))):
         if n in starts:                                                # a document's first chunk: S ← S_0
-            S = start_state(initial_state, starts[n], dest is not None, q, B, H, K, V)
+            S = varlen.start_state(initial_state, starts[n], dest is not None, q, B, H, K, V)
         o_inter.append(q_n @ S)                                        # [B, H, C, V]
         S = b_n.exp().transpose(-1, -2) * S + k_n.transpose(-1, -2) @ v_n
         if n in ends:
             finals.append(S)
     if N == 0:
-        S = start_state(initial_state, 0, False, q, B, H, K, V)
+        S = varlen.start_state(initial_state, 0, False, q, B, H, K, V)
     o = o + torch.stack(o_inter, 2) if N else o                        # [B, H, N, C, V]
     o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]        # [B, T, H, V]
     if dest is not None:
         return varlen.from_chunks(o, dest)[:, :T_out], torch.cat(finals)   # [1, L, H, V], [N, H, K, V]
     return o, S
-
-
-def start_state(initial_state: torch.Tensor | None, doc: int, packed: bool, like: torch.Tensor,
-                        B: int, H: int, K: int, V: int) -> torch.Tensor:
-    """S_0 of a sequence (packed: of document `doc`, [1, H, K, V]) in like's dtype: zeros or the initial state."""
-    if initial_state is None:
-        return like.new_zeros(B, H, K, V)
-    return (initial_state[doc:doc + 1] if packed else initial_state).to(like.dtype)
 
 
 @backend_fn(chunk_sizes=CHUNK_SIZES)

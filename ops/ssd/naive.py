@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ops import backend_fn, varlen
-from ops.gla.naive import CHUNK_SIZE, CHUNK_SIZES, chunkwise_gla, start_state
+from ops.gla.naive import CHUNK_SIZE, CHUNK_SIZES, chunkwise_gla
 
 
 def expand_groups(t: torch.Tensor, H: int) -> torch.Tensor:
@@ -36,16 +36,13 @@ def ssd_recurrent(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.T
     x, dt, A = x.to(acc), dt.to(acc), A.to(acc)
     Bm, Cm = (expand_groups(t, H).to(acc) for t in (B, C))                         # [B, T, H, N]
     packed, N = cu_seqlens is not None, Bm.shape[-1]
-    cu = varlen.offsets(cu_seqlens, Bsz, T, "ssd") if packed else [0, T]
-    if packed:
-        varlen.initial_for(initial_state, len(cu) - 1, "ssd")
-    starts, finals = {a: n for n, a in enumerate(cu[:-1])}, []
-    h, y = start_state(initial_state, 0, packed, x, Bsz, H, N, P), []     # [B, H, N, P]
+    starts, finals = varlen.document_starts(cu_seqlens, initial_state, Bsz, T, "ssd"), []
+    h, y = varlen.start_state(initial_state, 0, packed, x, Bsz, H, N, P), []     # [B, H, N, P]
     for t in range(T):
         if t in starts:                                                               # a document starts
             if t:
                 finals.append(h)
-            h = start_state(initial_state, starts[t], packed, x, Bsz, H, N, P)
+            h = varlen.start_state(initial_state, starts[t], packed, x, Bsz, H, N, P)
         a = (dt[:, t] * A).exp()[..., None, None]                                     # [B, H, 1, 1]
         h = a * h + (dt[:, t, :, None, None] * Bm[:, t].unsqueeze(-1)) * x[:, t].unsqueeze(-2)  # [B, H, N, P]
         y.append(torch.einsum("bhn,bhnp->bhp", Cm[:, t], h))

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ops import get_op
-from tests.helpers import backends_under_test
+from tests.helpers import backends_under_test, dA_terms
 
 # per head: the per-step log-decay (each ±10 %; 0: uniform in [−1e-6, 0); MIXED: −1 or −50 at random per step) and
 # whether it lies on the 2⁻⁸ grid
@@ -108,7 +108,6 @@ def test_ssd_dA(backend, device, poison_empty):
     its own pairs, the pairs of the weak steps after it, which cancel (they span no strong step) and leave fp32's
     rounding of them, ~1e-7 of the weak steps' ∂g. Harmless to ∂g (test_gla_dgk, test_gated_delta_dg), but ∂A
     weighs each step by its dt, 50 times larger at the strong steps: up to 4e-5 of ∂A's terms."""
-    from ops.gla.naive import gla_recurrent
     from ops.ssd.naive import ssd_recurrent
 
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
@@ -123,10 +122,7 @@ def test_ssd_dA(backend, device, poison_empty):
                              lambda *a: get_op("ssd", backend)(*a[:5], initial_state=a[5], output_final_state=True,
                                                                chunk_size=C), inputs, gen, device)
     x, dt, A, Bm, Cm, h0 = (t.double() for t in inputs)
-    g = (dt * A)[..., None].requires_grad_()
-    y, s = gla_recurrent(Cm.expand(-1, -1, H, -1), Bm.expand(-1, -1, H, -1), x * dt[..., None], g, 1.0, h0, True)
-    (dg,) = torch.autograd.grad((y * dy).sum() + (s * ds).sum(), g)
-    terms = (dt[..., None] * dg).abs().sum(dim=(0, 1, 3))                              # [H]
+    terms = dA_terms(x, dt, A, Bm, Cm, h0, dy, ds)                                     # [H]
     assert_per_head(got[2], ref[2], terms, bounds((dt * A)[..., None], SSD_DECAYS), "dA", SSD_DECAYS)
 
 

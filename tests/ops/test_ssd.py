@@ -9,7 +9,7 @@ import torch
 
 from ops.ssd.naive import make_inputs as ssd_inputs
 from ops.ssd.naive import ssd, ssd_recurrent
-from tests.helpers import backends_under_test, grads_close, rel_err
+from tests.helpers import backends_under_test, dA_terms, grads_close, rel_err
 
 # (B, T, H, P, G, N)
 SHAPES = [(2, 100, 4, 8, 1, 6), (1, 7, 1, 4, 1, 3), (2, 130, 4, 5, 2, 8), (1, 1, 2, 3, 2, 2), (1, 64, 6, 4, 3, 4)]
@@ -47,19 +47,6 @@ def test_fp32_against_fp64_reference():
 def test_gradcheck_tiny():
     xs = tuple(x.requires_grad_() for x in make_inputs(1, 5, 2, 2, 1, 3, "realistic"))
     assert torch.autograd.gradcheck(lambda *a: ssd(*a[:5], initial_state=a[5], output_final_state=True), xs)
-
-
-def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
-    """Σ_{b,t} |dt ∂g| per head [H]: the terms ∂A sums, ∂g from the GLA recurrence in fp64 with q = C, k = B,
-    v = dt·x (groups expanded to heads)."""
-    from ops.gla.naive import gla_recurrent
-
-    H, G = x.shape[2], Bm.shape[2]
-    g = (dt * A)[..., None].requires_grad_()
-    Bh, Ch = (m.repeat_interleave(H // G, dim=2) for m in (Bm, Cm))
-    y, s = gla_recurrent(Ch, Bh, x * dt[..., None], g, 1.0, h0, True)
-    (dg,) = torch.autograd.grad((y * dy).sum() + (s * dh).sum(), g)
-    return (dt[..., None] * dg).abs().sum(dim=(0, 1, 3))
 
 
 @pytest.mark.parametrize("backend", backends_under_test("ssd"))
