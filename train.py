@@ -209,11 +209,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
     compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
                                               fsdp_plugin(precision) is not None)
-    if cfg.data.varlen and (cfg.model.backend not in ("naive", "fla") or tc.compile == "true"):
-        raise ConfigError("data.varlen (packed documents) runs on --backend naive or fla, uncompiled (document "
-                          "offsets change shape every step); choose those, or --data.varlen=false")
-    if cfg.data.varlen and compile_on:
-        compile_on, compile_why = False, "off: data.varlen's document offsets change shape every step"
+    if cfg.data.varlen and cfg.model.backend not in ("naive", "fla"):
+        raise ConfigError("data.varlen (packed documents) runs on --backend naive or fla; choose one of those, or "
+                          "--data.varlen=false")
     run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder

@@ -33,6 +33,13 @@ def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
     assert resolve_compile(settings("naive", compile="true"), "cpu", False)[0]
     assert resolve_compile(settings("naive", family="gpt2"), "cuda", False)[0]     # SDPA, no chunk loops
     assert not resolve_compile(settings("fused", compile="false"), "cuda", False)[0]
+    packed = settings("fused")
+    packed.data.varlen = True
+    on, reason = resolve_compile(packed, "cuda", False)
+    assert not on and "data.varlen" in reason, reason
+    packed.train.compile = "true"
+    with pytest.raises(ConfigError, match="does not go with data.varlen"):
+        resolve_compile(packed, "cuda", False)
 
 
 @pytest.mark.parametrize("kw,device,fsdp,message", [

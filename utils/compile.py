@@ -26,7 +26,7 @@ CHOICES = ("auto", "true", "false")
 
 def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, str]:
     """(compile or not, the reason for the run log), checked before any work: a bad value, CUDA graphs without a
-    GPU or without compiling, and compiling under FSDP2 are errors with the remedy."""
+    GPU or without compiling, and compiling under FSDP2 or with packed documents are errors with the remedy."""
     tc, backend = cfg.train, cfg.model.backend
     if tc.compile not in CHOICES:
         raise ConfigError(f"train.compile must be one of {', '.join(CHOICES)}, got {tc.compile!r}")
@@ -40,12 +40,17 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
         on, why = False, (f"auto: off for backend {backend!r} ("
                           + ("its chunk loops are many small ops: compile time would dominate a short run"
                              if backend == "naive" else "fla's kernels are not torch.library operators here") + ")")
+    elif cfg.data.varlen:
+        on, why = False, "auto: off with data.varlen (the document offsets change shape every step)"
     elif fsdp:
         on, why = False, "auto: off under FSDP2 (whole-model compile with FSDP2 is not checked yet)"
     else:
         on, why = True, "auto: on for a CUDA GPU"
     if on and fsdp:
         raise ConfigError("train.compile=true is not supported under FSDP2 yet; pass --train.compile=false")
+    if on and cfg.data.varlen:
+        raise ConfigError("train.compile=true does not go with data.varlen (the document offsets change shape every "
+                          "step); pass --train.compile=false or --data.varlen=false")
     if tc.cuda_graphs and not on:
         raise ConfigError(f"train.cuda_graphs needs the compiled step, which is off ({why}); pass "
                           "--train.compile=true or drop --train.cuda_graphs")
