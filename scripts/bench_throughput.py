@@ -4,6 +4,7 @@
     python scripts/bench_throughput.py --configs gla_125m --backends "chunk,fused[state],fused[chunk,state]"
     python scripts/bench_throughput.py --configs gpt2_124m --backends naive --batch 8 --seq-len 2048
     python scripts/bench_throughput.py --configs gla_340m --backends fused --modes eager,compiled
+    python scripts/bench_throughput.py --configs mamba2_370m --backends naive --batch 8 --checkpointing none,full
 
 Every row is whole training steps (forward, backward, fused AdamW) on the same random batch, bf16
 autocast on a GPU, measured in its own process so that every row starts alike: the time from launch
@@ -11,7 +12,8 @@ to the first finished step (compilation and autotuning included), then --warmup 
 timed steps, their wall time between two synchronizations (utils/timing.py step_seconds). The peer row of
 each config is the reference implementation at the same size: flash-linear-attention's own model class (GLA,
 Gated DeltaNet, Mamba-2) or transformers' GPT2LMHeadModel with SDPA. A row that cannot run (no fla, out of
-memory, time limit) says why. --modes: each row eager and/or compiled (our models with torch.compile(fullgraph=True),
+memory, time limit) says why. --checkpointing: our rows once per activation-checkpointing mode (train.py's
+--train.activation_checkpointing; peak memory is the column to read). --modes: each row eager and/or compiled (our models with torch.compile(fullgraph=True),
 as train.py's --train.compile; the peer with a plain torch.compile, graph breaks allowed). MFU: model FLOPs per token
 (model/'s formula, the peer counted as our model of the same size) × tokens/s, against the GPU's datasheet bf16 peak
 and against the peak a large bf16 GEMM reaches here (measured once per table).
@@ -74,12 +76,15 @@ def peer_model(cfg) -> torch.nn.Module:
 
 
 def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int,
-           logits: bool = False, mode: str = "eager", compile_backend: str = "inductor") -> dict:
+           logits: bool = False, mode: str = "eager", compile_backend: str = "inductor",
+           checkpointing: str = "none") -> dict:
     """One row, in this process: build, train warmup + steps steps, measure. logits: our models' loss through
     the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of model/loss.py's chunked head.
-    mode 'compiled': the model under torch.compile (fullgraph for ours) with `compile_backend`."""
+    mode 'compiled': the model under torch.compile (fullgraph for ours) with `compile_backend`. checkpointing:
+    utils.activation_checkpointing's mode for our models, applied before compile as train.py does."""
     from config import load_config
     from model import build_model
+    from utils.activation_checkpointing import checkpoint_activations
 
     cfg = load_config(config).model
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,6 +97,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     else:
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
+        checkpoint_activations(model, checkpointing)
         fwd = torch.compile(model, fullgraph=True, dynamic=False, backend=compile_backend) if mode == "compiled" else model
         loss_of = lambda x: fwd(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
     with torch.device("meta"):
@@ -120,7 +126,8 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
         note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
     note = "; ".join(n for n in (forced, note) if n) or None
-    return {"config": Path(config).stem, "backend": backend, "mode": mode, "status": "ok", "loss": loss.item(),
+    return {"config": Path(config).stem, "backend": backend, "mode": mode, "checkpointing": checkpointing,
+            "status": "ok", "loss": loss.item(),
             "note": note, "flops_per_token": flops_tok,
             "params": sum(p.numel() for p in model.parameters()), "tokens_per_s": batch * seq_len * steps / elapsed,
             "step_ms": 1e3 * elapsed / steps, "first_step_s": first_step_s,
@@ -137,12 +144,12 @@ def error_line(stderr: str) -> str:
     return (ours or raised or lines or ["(no output)"])[-1]
 
 
-def run_row(config: str, backend: str, mode: str, args, timeout: float) -> dict:
+def run_row(config: str, backend: str, mode: str, args, timeout: float, checkpointing: str = "none") -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
-           "--steps", str(args.steps), "--modes", mode, "--compile-backend", args.compile_backend] + (
-               ["--logits"] if args.logits else [])
-    row = {"config": Path(config).stem, "backend": backend, "mode": mode}
+           "--steps", str(args.steps), "--modes", mode, "--compile-backend", args.compile_backend,
+           "--checkpointing", checkpointing] + (["--logits"] if args.logits else [])
+    row = {"config": Path(config).stem, "backend": backend, "mode": mode, "checkpointing": checkpointing}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
@@ -169,7 +176,7 @@ def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
              "launch → first step s | status |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     peers = {(r["config"], r.get("mode")): r for r in rows if r["backend"] == PEER and r["status"] == "ok"}
     for r in rows:
-        head = f"| {r['config']} | {r['backend']} | {r.get('mode', 'eager')} |"
+        head = f"| {r['config']} | {r['backend']} | {label(r)} |"
         if r["status"] != "ok":
             lines.append(f"{head} | | | | | | | | {r['status']}: {r.get('why', '')} |")
             continue
@@ -181,6 +188,12 @@ def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
         lines.append(f"{head} {r['params'] / 1e6:.1f}M | {r['tokens_per_s']:,.0f} | {ratio} | {mfu[0]} | {mfu[1]} | "
                      f"{r['step_ms']:.1f} | {mem} | {r['first_step_s']:.1f} | ok{'; ' + r['note'] if r.get('note') else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def label(r: dict) -> str:
+    """The row's mode, with its activation checkpointing where there is any: 'eager', 'compiled, ckpt full'."""
+    ckpt = r.get("checkpointing", "none")
+    return r.get("mode", "eager") + ("" if ckpt == "none" else f", ckpt {ckpt}")
 
 
 def fmt_tflops(x: float | None) -> str:
@@ -202,7 +215,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     ok = [r for r in rows if r["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(ok)), 4.5))
-    ax.bar([f"{r['config']}\n{r['backend']}\n{r.get('mode', 'eager')}" for r in ok], [r["tokens_per_s"] for r in ok])
+    ax.bar([f"{r['config']}\n{r['backend']}\n{label(r)}" for r in ok], [r["tokens_per_s"] for r in ok])
     ax.set(ylabel="tokens/s", title="training throughput")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -228,6 +241,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "before model/loss.py; for A/B runs of memory and speed")
     p.add_argument("--modes", help="comma-separated: eager, compiled (default: both on a GPU, eager on a CPU)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for compiled rows")
+    p.add_argument("--checkpointing", default="none",
+                   help="comma-separated activation-checkpointing modes of our rows: none, full, selective")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     configs = [c if c.endswith(".yaml") else str(REPO / "configs" / f"{c}.yaml") for c in args.configs.split(",")]
@@ -236,7 +251,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         p.error(f"--modes takes eager and/or compiled, got {args.modes!r}")
     if args.worker:
         print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps,
-                                args.logits, modes[0], args.compile_backend)))
+                                args.logits, modes[0], args.compile_backend, args.checkpointing)))
         return []
     backends = split_backends(args.backends) + ([] if args.no_peer else [PEER])
     command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -245,17 +260,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     env["gemm_flops"] = gemm_flops()
-    for config, b, mode in ((c, b, m) for c in configs for b in backends for m in modes):
+    ckpts = args.checkpointing.split(",")
+    if set(ckpts) - {"none", "full", "selective"}:
+        p.error(f"--checkpointing takes none, full and/or selective, got {args.checkpointing!r}")
+    for config, b, mode, ckpt in ((c, b, m, k) for c in configs for b in backends for m in modes
+                                  for k in (["none"] if b == PEER else ckpts)):
         left = args.deadline - (time.time() - T_LAUNCH) if args.deadline else float("inf")
         if left < 30:
-            rows.append({"config": Path(config).stem, "backend": b, "mode": mode, "status": "skipped",
-                         "why": f"the table's --deadline {args.deadline} s had passed"})
+            rows.append({"config": Path(config).stem, "backend": b, "mode": mode, "checkpointing": ckpt,
+                         "status": "skipped", "why": f"the table's --deadline {args.deadline} s had passed"})
         else:
-            rows.append(run_row(config, b, mode, args, timeout=min(args.row_timeout, left)))
+            rows.append(run_row(config, b, mode, args, timeout=min(args.row_timeout, left), checkpointing=ckpt))
         r = rows[-1]
-        done = (f"{r['tokens_per_s']:>10,.0f} tokens/s  first step {r['first_step_s']:.1f} s" if r["status"] == "ok"
-                else f"{r['status']}: {r.get('why', '')}")
-        print(f"{r['config']:<16} {b:<6} {mode:<8} {done}", flush=True)
+        done = (f"{r['tokens_per_s']:>10,.0f} tokens/s  peak {r['peak_mem_gb'] or 0:.1f} GB  first step "
+                f"{r['first_step_s']:.1f} s" if r["status"] == "ok" else f"{r['status']}: {r.get('why', '')}")
+        print(f"{r['config']:<16} {b:<6} {label(r):<20} {done}", flush=True)
         # after every row, so that a run cut short keeps what it measured
         stem.with_suffix(".md").write_text(to_markdown(rows, env, command.strip(), args))
         stem.with_suffix(".json").write_text(json.dumps({"env": env, "command": command, "rows": rows}, indent=1))
