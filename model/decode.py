@@ -77,15 +77,17 @@ def conv_tail(x: torch.Tensor, weight: torch.Tensor, width: int) -> torch.Tensor
 
 
 def conv_step(tail: torch.Tensor, pre: torch.Tensor, weight: torch.Tensor,
-              bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              bias: torch.Tensor | None = None) -> torch.Tensor:
     """One token of the causal depthwise conv + SiLU (ops/proj/short_conv.py's short_conv_ref at the last position):
     y = silu(bias + Σ_j w[c, j] · window[j, c]) over window = [tail; pre] of W rows. tail [B, W−1, C]; pre [B, C];
-    weight [C, 1, W]. fp32 math; returns y [B, C] in pre's dtype and the new tail [B, W−1, C]."""
+    weight [C, 1, W]. fp32 math; returns y [B, C] in pre's dtype and shifts pre into tail in place (the cache keeps
+    its tensors, which a captured decode step needs)."""
     window = torch.cat([tail, pre.unsqueeze(1)], 1)                                   # [B, W, C]
     y = (window.float() * weight.squeeze(1).t().float()).sum(1)                       # [B, C]
     if bias is not None:
         y = y + bias.float()
-    return F.silu(y).to(pre.dtype), window[:, 1:]
+    tail.copy_(window[:, 1:])
+    return F.silu(y).to(pre.dtype)
 
 
 def _place(layer: dict, cache: dict, rows: torch.Tensor | None, B: int, offset: int, capacity: int,
@@ -181,6 +183,56 @@ def step(model, tokens: torch.Tensor, cache: DecodeCache) -> torch.Tensor:
     return model.logits(x)[:, 0]
 
 
+def graphable(model) -> bool:
+    """Whether model.step can be one CUDA graph: every cache is updated in place at fixed addresses (the recurrent
+    families' state and conv tail). Slot-indexed KV caches write a new slot every step and grow; they stay eager."""
+    return not any(b.mixer.cache_seq_dims for b in model.blocks)
+
+
+class GraphedStep:
+    """model.step for one batch as a single CUDA graph. At batch 1 an eager step is launch-bound (about ten kernel
+    launches a layer from Python for microseconds of GPU work each); a replay launches them all at once, so a token
+    costs its GPU time. Capture: two warm-up steps (kernels compiled and tuned) and the captured step run on the
+    cache, whose in-place updates are then undone from a copy, so the real cache is where it was. The graph reads and
+    writes the cache's own tensors; the logits it returns are one buffer, overwritten by the next call. Autocast's
+    weight-cast cache is off inside the graph (its casts are replayed), since its cached tensors die with the
+    caller's autocast context while the graph would still read them."""
+
+    def __init__(self, model, cache: DecodeCache, tokens: torch.Tensor):
+        if not graphable(model):
+            raise ValueError("GraphedStep: this model's caches are slot-indexed (KV); decode it with model.step")
+        if not tokens.is_cuda:
+            raise ValueError("GraphedStep: CUDA graphs need the model and tokens on a CUDA GPU")
+        self.cache, self.tokens = cache, tokens.clone()
+        saved = [{n: t.clone() for n, t in layer.items()} for layer in cache.layers]
+        pos, slot, max_pos = cache.pos.clone(), cache.slot, cache.max_pos
+        amp = torch.is_autocast_enabled("cuda")
+        self._amp = dict(device_type="cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=amp, cache_enabled=False)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.autocast(**self._amp):
+            for _ in range(2):
+                step(model, self.tokens, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.autocast(**self._amp):
+            self.logits = step(model, self.tokens, cache)
+        for layer, kept in zip(cache.layers, saved):
+            for n, t in kept.items():
+                layer[n].copy_(t)
+        cache.pos.copy_(pos)
+        cache.slot, cache.max_pos = slot, max_pos
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens int64 [B] → the next-token logits [B, vocab] (the graph's buffer); the cache advances one step."""
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        self.cache.slot += 1
+        self.cache.max_pos += 1
+        return self.logits
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """The argmax token of each row: logits [B, vocab] → int64 [B]."""
     return logits.argmax(-1)
@@ -189,15 +241,20 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def generate(model, idx: torch.Tensor, max_new_tokens: int, lengths: torch.Tensor | list[int] | None = None,
              sample: Callable[[torch.Tensor], torch.Tensor] = greedy, stop_token: int | None = None,
-             on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+             on_token: Callable[[torch.Tensor], None] | None = None,
+             cuda_graph: bool | None = None) -> torch.Tensor:
     """Prefill idx [B, T] (left-padded rows of `lengths`), then up to max_new_tokens steps. sample: logits [B, vocab]
     → tokens [B]. A row that has emitted stop_token repeats it; generation ends when every row has. on_token is
-    called with each step's tokens [B] as they come. Returns the new tokens int64 [B, n ≤ max_new_tokens]."""
+    called with each step's tokens [B] as they come. cuda_graph: decode through GraphedStep (None: wherever it can,
+    a CUDA model whose caches are updated in place). Returns the new tokens int64 [B, n ≤ max_new_tokens]."""
     B, T = idx.shape
     out: list[torch.Tensor] = []
     if max_new_tokens <= 0:
         return idx.new_empty(B, 0)
     logits, cache = prefill(model, idx, lengths, capacity=T + max_new_tokens)
+    if cuda_graph is None:
+        cuda_graph = idx.is_cuda and graphable(model) and max_new_tokens > 2
+    decode_one = GraphedStep(model, cache, idx[:, -1]) if cuda_graph else (lambda t: step(model, t, cache))
     done = torch.zeros(B, dtype=torch.bool, device=idx.device)
     for i in range(max_new_tokens):
         tok = sample(logits)
@@ -209,5 +266,5 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, lengths: torch.Tenso
             on_token(tok)
         if i + 1 == max_new_tokens or (stop_token is not None and bool(done.all())):
             break
-        logits = step(model, tok, cache)
+        logits = decode_one(tok)
     return torch.stack(out, 1)

@@ -83,7 +83,7 @@ class GatedDeltaNetMixer(nn.Module):
         xt = x[:, 0]
         pre = torch.cat([F.linear(xt, p.weight) for p in (self.q_proj, self.k_proj, self.v_proj)], -1)  # [B, C]
         conv_w = torch.cat([c.conv.weight for c in (self.q_conv, self.k_conv, self.v_conv)], 0)        # [C, 1, W]
-        y, cache["conv"] = conv_step(cache["conv"], pre, conv_w)
+        y = conv_step(cache["conv"], pre, conv_w)
         v = y[:, 2 * HK:].view(B, self.H, self.V)
         q, k = (F.normalize(y[:, i * HK:(i + 1) * HK].view(B, self.H, self.K), dim=-1, eps=EPS).to(v.dtype)
                 for i in (0, 1))

@@ -79,7 +79,7 @@ class Mamba2Mixer(nn.Module):
         cached tail, model.decode.conv_step), the decode op on cache["state"] (in place), then proj_out."""
         Bsz, GN = u.shape[0], self.G * self.N
         z, xbc, dt = F.linear(u[:, 0], self.in_proj.weight).split([self.d_inner, self.conv.conv.in_channels, self.H], -1)
-        xbc, cache["conv"] = conv_step(cache["conv"], xbc, self.conv.conv.weight, self.conv.conv.bias)
+        xbc = conv_step(cache["conv"], xbc, self.conv.conv.weight, self.conv.conv.bias)
         x, Bm, Cm = xbc.split([self.d_inner, GN, GN], -1)
         x = x.reshape(Bsz, self.H, self.P)
         y, _ = self.ssd_step(x, F.softplus(dt.float() + self.dt_bias), -self.A_log.float().exp(),

@@ -36,6 +36,7 @@ import torch
 from bench.report import DEFAULT_OUT, environment
 from config import load_config
 from model import build_model
+from model.decode import GraphedStep, graphable
 from ops import BackendError, parse_backend
 from utils.timing import sync
 
@@ -55,22 +56,35 @@ def timed(fn) -> float:
 
 
 def ours_decode(model, B: int, P: int, N: int, device: str) -> dict:
-    """Prefill B random P-token prompts, then N greedy decode steps: the row's times."""
+    """Prefill B random P-token prompts, then N greedy decode steps: the row's times. On a GPU the steps of the
+    recurrent families replay one CUDA graph (model.decode.GraphedStep, as model.generate does); its capture is
+    timed apart."""
     idx = torch.randint(0, model.cfg.vocab_size, (B, P), device=device)
     state = {}
 
     def prefill():
         state["logits"], state["cache"] = model.prefill(idx, capacity=P + N)
 
+    def capture():
+        cache = state["cache"]
+        state["step"] = (GraphedStep(model, cache, state["logits"].argmax(-1)) if uses_graph(model, device)
+                         else lambda t: model.step(t, cache))
+
     def decode():
-        logits, cache = state["logits"], state["cache"]
+        logits = state["logits"]
         for _ in range(N):
-            logits = model.step(logits.argmax(-1), cache)
+            logits = state["step"](logits.argmax(-1))
 
     prefill_s = timed(prefill)
+    capture_s = timed(capture)
     decode_s = timed(decode)
-    return {"prefill_s": prefill_s, "decode_s": decode_s, "decode_tok_s": B * N / decode_s,
+    return {"prefill_s": prefill_s, "capture_s": capture_s, "decode_s": decode_s, "decode_tok_s": B * N / decode_s,
             "ms_per_token": 1e3 * decode_s / N}
+
+
+def uses_graph(model, device: str) -> bool:
+    """Whether our decode replays a CUDA graph here (model.generate's default)."""
+    return device == "cuda" and graphable(model)
 
 
 def peer_decode(peer, B: int, P: int, N: int, vocab: int, device: str) -> dict:
@@ -79,7 +93,10 @@ def peer_decode(peer, B: int, P: int, N: int, vocab: int, device: str) -> dict:
     kw = dict(do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0)
     prefill_s = timed(lambda: peer.generate(idx, max_new_tokens=1, min_new_tokens=1, **kw))
     total_s = timed(lambda: peer.generate(idx, max_new_tokens=N, min_new_tokens=N, **kw))
-    decode_s = max(total_s - prefill_s, 1e-9)
+    if total_s <= prefill_s:
+        raise RuntimeError(f"generate({N}) took {total_s:.3f} s, no longer than generate(1) ({prefill_s:.3f} s): "
+                           "the timing is invalid (was the first call still compiling?)")
+    decode_s = total_s - prefill_s
     return {"prefill_s": prefill_s, "decode_s": decode_s, "decode_tok_s": B * (N - 1) / decode_s,
             "ms_per_token": 1e3 * decode_s / max(N - 1, 1)}
 
@@ -101,14 +118,15 @@ def run_config(name: str, cfg, backend: str, args, device: str, record) -> None:
     cfg.backend, cfg.fuse = parse_backend(backend)
     torch.manual_seed(0)
     model = build_model(cfg).to(device).eval()
-    decode = ", ".join(f"{op}: {b}" for op, b in model.decode_backends().items())
+    decode = ", ".join(f"{op}: {b}" for op, b in model.decode_backends().items()) + (
+        ", CUDA graph" if uses_graph(model, device) else "")
     peer, why = build_peer(cfg, device) if args.peer else (None, "--no-peer")
     base = {"config": name, "family": cfg.family}
     positions = cfg.max_seq_len if cfg.family == "gpt2" else None
     amp = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else nullcontext()
     with amp, torch.no_grad():
         for B in args.batches:
-            ours_decode(model, B, 16, 4, device)          # warm-up at this batch: kernels compiled, GEMMs autotuned
+            ours_decode(model, B, args.prompt, 4, device)     # warm-up at this shape: kernels compiled and tuned
             fits = positions is None or args.prompt + args.new <= positions
             row = {**base, "model": "ours", "backend": backend, "decode": decode, "batch": B, "prompt": args.prompt,
                    "new": args.new}
@@ -119,8 +137,11 @@ def run_config(name: str, cfg, backend: str, args, device: str, record) -> None:
             if peer is None or not fits:
                 record({**prow, "status": "n/a", "why": why or f"prompt + new > the {positions} learned positions"})
                 continue
-            peer_decode(peer, B, 16, 4, cfg.vocab_size, device)              # warm-up, as ours
-            record({**prow, "status": "ok", **peer_decode(peer, B, args.prompt, args.new, cfg.vocab_size, device)})
+            try:
+                peer_decode(peer, B, args.prompt, 4, cfg.vocab_size, device)     # warm-up at this shape, as ours
+                record({**prow, "status": "ok", **peer_decode(peer, B, args.prompt, args.new, cfg.vocab_size, device)})
+            except (RuntimeError, torch.OutOfMemoryError) as e:         # the peer's failure is a row, not the end
+                record({**prow, "status": "error", "why": str(e).splitlines()[0][:200]})
         ours_decode(model, 1, 16, 4, device)
         for P in args.lengths:
             row = {**base, "model": "ours", "backend": backend, "decode": decode, "batch": 1, "prompt": P,
@@ -139,20 +160,21 @@ def to_markdown(rows: list[dict], env: dict, command: str, lengths: list[int]) -
     lines = [f"# Decode throughput — {env['date']}, {where}", "", f"Command: `{command}`  ",
              f"torch {env['torch']}, triton {env['triton']}, fla {env['fla']}, commit {env.get('commit')}"
              f"{' (dirty)' if env.get('dirty') else ''}. Greedy decoding after one prefill; decode time only "
-             "(see scripts/bench_decode.py).", "",
-             "| config | model | backend | decode ops | batch | prompt | new | prefill s | decode tokens/s | "
-             "ms/token | ours ÷ peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(see scripts/bench_decode.py); graph capture s: recording our CUDA-graph step, once per generation.", "",
+             "| config | model | backend | decode ops | batch | prompt | new | prefill s | graph capture s | "
+             "decode tokens/s | ms/token | ours ÷ peer |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     main = [r for r in rows if r.get("series") != "flat"]
     for r in main:
         peer = next((p for p in main if p["model"] == PEER and p["config"] == r["config"] and p["batch"] == r["batch"]
                      and p["status"] == "ok"), None)
         if r["status"] != "ok":
             lines.append(f"| {r['config']} | {r['model']} | {r['backend']} | {r.get('decode', '')} | {r['batch']} | "
-                         f"{r['prompt']} | {r['new']} | {r['status']}: {r.get('why', '')} |  |  |  |")
+                         f"{r['prompt']} | {r['new']} | {r['status']}: {r.get('why', '')} |  |  |  |  |")
             continue
         ratio = f"{r['decode_tok_s'] / peer['decode_tok_s']:.2f}×" if peer and r["model"] == "ours" else ""
+        capture = f"{r['capture_s']:.3f}" if "capture_s" in r else ""
         lines.append(f"| {r['config']} | {r['model']} | {r['backend']} | {r.get('decode', '')} | {r['batch']} | "
-                     f"{r['prompt']} | {r['new']} | {r['prefill_s']:.3f} | {r['decode_tok_s']:,.1f} | "
+                     f"{r['prompt']} | {r['new']} | {r['prefill_s']:.3f} | {capture} | {r['decode_tok_s']:,.1f} | "
                      f"{r['ms_per_token']:.3f} | {ratio} |")
     flat = [r for r in rows if r.get("series") == "flat"]
     if flat:
