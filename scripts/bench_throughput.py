@@ -77,14 +77,16 @@ def peer_model(cfg) -> torch.nn.Module:
 
 def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, steps: int,
            logits: bool = False, mode: str = "eager", compile_backend: str = "inductor",
-           checkpointing: str = "none") -> dict:
+           checkpointing: str = "none", compile_scope: str = "model") -> dict:
     """One row, in this process: build, train warmup + steps steps, measure. logits: our models' loss through
     the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of model/loss.py's chunked head.
     mode 'compiled': the model under torch.compile (fullgraph for ours) with `compile_backend`. checkpointing:
-    utils.activation_checkpointing's mode for our models, applied before compile as train.py does."""
+    utils.activation_checkpointing's mode for our models, applied before compile as train.py does. compile_scope
+    'blocks': our compiled rows compile block by block (utils.compile.compile_blocks), as --train.compile_scope."""
     from config import load_config
     from model import build_model
     from utils.activation_checkpointing import checkpoint_activations
+    from utils.compile import compile_blocks
 
     cfg = load_config(config).model
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,7 +100,11 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
         checkpoint_activations(model, checkpointing)
-        fwd = torch.compile(model, fullgraph=True, dynamic=False, backend=compile_backend) if mode == "compiled" else model
+        if mode == "compiled" and compile_scope == "blocks":
+            compile_blocks(model, compile_backend)
+            fwd = model
+        else:
+            fwd = torch.compile(model, fullgraph=True, dynamic=False, backend=compile_backend) if mode == "compiled" else model
         loss_of = lambda x: fwd(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
     with torch.device("meta"):
         flops_tok = build_model(cfg).flops_per_token(seq_len)   # the peer too: our model of its size
@@ -126,6 +132,8 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
         note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
     note = "; ".join(n for n in (forced, note) if n) or None
+    if mode == "compiled" and compile_scope == "blocks" and backend != PEER:
+        mode = "compiled (blocks)"
     return {"config": Path(config).stem, "backend": backend, "mode": mode, "checkpointing": checkpointing,
             "status": "ok", "loss": loss.item(),
             "note": note, "flops_per_token": flops_tok,
@@ -148,7 +156,8 @@ def run_row(config: str, backend: str, mode: str, args, timeout: float, checkpoi
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--configs", config, "--backends", backend,
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
            "--steps", str(args.steps), "--modes", mode, "--compile-backend", args.compile_backend,
-           "--checkpointing", checkpointing] + (["--logits"] if args.logits else [])
+           "--checkpointing", checkpointing, "--compile-scope", args.compile_scope] + (
+               ["--logits"] if args.logits else [])
     row = {"config": Path(config).stem, "backend": backend, "mode": mode, "checkpointing": checkpointing}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -180,7 +189,7 @@ def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
         if r["status"] != "ok":
             lines.append(f"{head} | | | | | | | | {r['status']}: {r.get('why', '')} |")
             continue
-        peer = peers.get((r["config"], r.get("mode")))
+        peer = peers.get((r["config"], r.get("mode", "eager").split(" (")[0]))
         ratio = f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}×" if peer else ""
         mem = f"{r['peak_mem_gb']:.1f}" if r["peak_mem_gb"] is not None else "—"
         mfu = [f"{r['flops_per_token'] * r['tokens_per_s'] / peak:.1%}" if peak else "—"
@@ -241,6 +250,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "before model/loss.py; for A/B runs of memory and speed")
     p.add_argument("--modes", help="comma-separated: eager, compiled (default: both on a GPU, eager on a CPU)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for compiled rows")
+    p.add_argument("--compile-scope", default="model", choices=("model", "blocks"),
+                   help="our compiled rows: the whole model as one graph, or block by block (--train.compile_scope)")
     p.add_argument("--checkpointing", default="none",
                    help="comma-separated activation-checkpointing modes of our rows: none, full, selective")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -251,7 +262,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         p.error(f"--modes takes eager and/or compiled, got {args.modes!r}")
     if args.worker:
         print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps,
-                                args.logits, modes[0], args.compile_backend, args.checkpointing)))
+                                args.logits, modes[0], args.compile_backend, args.checkpointing,
+                                args.compile_scope)))
         return []
     backends = split_backends(args.backends) + ([] if args.no_peer else [PEER])
     command = "python scripts/bench_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])

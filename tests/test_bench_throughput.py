@@ -36,6 +36,13 @@ def test_checkpointing_rows_are_labelled_and_bad_modes_refused(tmp_path):
         main(["--configs", "configs/smoke.yaml", "--checkpointing", "some", "--out", str(tmp_path)])
 
 
+def test_block_scope_compiled_row_is_labelled(tmp_path):
+    rows = main(["--configs", "configs/smoke.yaml", "--backends", "naive", "--no-peer", "--batch", "2",
+                 "--seq-len", "32", "--warmup", "0", "--steps", "1", "--modes", "compiled", "--compile-scope", "blocks",
+                 "--compile-backend", "aot_eager_decomp_partition", "--out", str(tmp_path)])
+    assert [(r["status"], r["mode"]) for r in rows] == [("ok", "compiled (blocks)")], rows
+
+
 def test_unavailable_backend_is_a_row_with_the_reason(tmp_path):
     import importlib.util
 

@@ -23,8 +23,9 @@ def settings(backend: str = "fused", family: str = "gla", **train_kw) -> Config:
 
 
 def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
-    assert resolve_compile(settings("fused"), "cuda", False) == (True, "auto: on for a CUDA GPU; backend inductor")
-    assert resolve_compile(settings("chunk", cuda_graphs=True), "cuda", False)[1].endswith("inductor, CUDA graphs")
+    assert resolve_compile(settings("fused"), "cuda", False) == (True, "auto: on for a CUDA GPU; backend inductor, "
+                                                                        "scope model")
+    assert resolve_compile(settings("chunk", cuda_graphs=True), "cuda", False)[1].endswith("inductor, scope model, CUDA graphs")
     for backend, device, fsdp, why in (("fused", "cpu", False, "off on a CPU"), ("naive", "cuda", False, "dominate"),
                                        ("fla", "cuda", False, "not torch.library operators"),
                                        ("fused", "cuda", True, "under FSDP2")):
@@ -44,7 +45,8 @@ def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
 
 @pytest.mark.parametrize("kw,device,fsdp,message", [
     (dict(compile="yes"), "cuda", False, "must be one of auto, true, false"),
-    (dict(compile="true"), "cuda", True, "not supported under FSDP2"),
+    (dict(compile="true"), "cuda", True, "under FSDP2 compiles block by block"),
+    (dict(compile="true", cuda_graphs=True, compile_scope="blocks"), "cuda", False, "need train.compile_scope=model"),
     (dict(cuda_graphs=True), "cpu", False, "needs the compiled step, which is off"),
     (dict(compile="true", cuda_graphs=True), "cpu", False, "needs a CUDA GPU"),
     (dict(compile="true", cuda_graphs=True, compile_backend="aot_eager"), "cuda", False, "are Inductor's")])
@@ -63,7 +65,8 @@ def test_a_compiled_run_equals_the_eager_run(tmp_path, capsys):
     reset_accelerate()
     train.main(tiny(tmp_path, "compiled", *common, "--train.compile=true",
                     "--train.compile_backend=aot_eager_decomp_partition"))
-    assert "compiled step: on (train.compile=true; backend aot_eager_decomp_partition)" in capsys.readouterr().out
+    assert "compiled step: on (train.compile=true; backend aot_eager_decomp_partition, scope model)" in \
+        capsys.readouterr().out
     eager, compiled = losses(tmp_path / "runs" / "eager")[0], losses(tmp_path / "runs" / "compiled")[0]
     assert sorted(eager) == sorted(compiled) == list(range(1, 7))
     assert all(abs(compiled[s] - eager[s]) <= 1e-5 * abs(eager[s]) for s in eager), (eager, compiled)
@@ -102,3 +105,43 @@ def test_a_ddp_wrapped_model_compiles_and_equals_eager(monkeypatch):
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("ckpt", ["none", "full"])
+def test_block_scope_compiles_one_block_for_all_and_equals_eager(ckpt):
+    """compile_scope=blocks: Dynamo traces the first block's forward once and every other block reuses it (a counting
+    backend sees one graph for three blocks); loss and every gradient equal the eager model's, with the blocks under
+    a checkpoint wrapper too; FSDP2 may then compile (resolve_compile)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from model import build_model
+    from model.config import ModelConfig
+    from utils.activation_checkpointing import checkpoint_activations
+    from utils.compile import compile_blocks
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(family="gla", vocab_size=61, n_layers=3, d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16,
+                      mlp_hidden=64, chunk_size=16, backend="naive")
+    eager = build_model(cfg)
+    compiled = build_model(cfg)
+    compiled.load_state_dict(eager.state_dict())
+    checkpoint_activations(compiled, ckpt)
+    graphs, aot = [], lookup_backend("aot_eager_decomp_partition")
+    try:
+        assert compile_blocks(compiled, lambda gm, ex: graphs.append(gm) or aot(gm, ex)) == 3
+        x, y = torch.randint(0, 61, (2, 40)), torch.randint(0, 61, (2, 40))
+        results = []
+        for model in (eager, compiled):
+            loss = model(x, y, return_logits=False)[1]
+            loss.backward()
+            results.append((loss.item(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad
+                                          for n, p in model.named_parameters()}))
+        (l0, g0), (l1, g1) = results
+        assert len(graphs) == 1
+        assert abs(l1 - l0) <= 1e-5 * abs(l0)
+        assert all(torch.allclose(g1[n], g, rtol=1e-5, atol=1e-7) for n, g in g0.items())
+        with pytest.raises(ValueError, match="already compiled"):
+            compile_blocks(compiled)
+    finally:
+        torch._dynamo.reset()
+    assert resolve_compile(settings("fused", compile="true", compile_scope="blocks"), "cuda", True)[0]

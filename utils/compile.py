@@ -12,6 +12,12 @@ PyTorch ops whose compilation would dominate a short parity or test run; GPT-2's
 and `fla` (its kernels are flash-linear-attention's autograd functions, not operators here); the run log says
 which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
 `reduce-overhead`): every step has the same shapes, so one graph replays each step's launches.
+
+`compile_scope`: `model` compiles the whole forward as one graph; `blocks` compiles each block's forward
+(regional compilation): Dynamo traces the first block and reuses its code for every other (their parameters are
+graph inputs, not guards), so compile time is one block's rather than n_layers', and the embedding, final norm and
+chunked loss run eagerly. Module hooks stay outside the graphs, so FSDP2's all-gathers run as they do eagerly, which
+is why `blocks` is the scope that compiles under FSDP2.
 """
 from __future__ import annotations
 
@@ -43,11 +49,14 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
     elif cfg.data.varlen:
         on, why = False, "auto: off with data.varlen (the document offsets change shape every step)"
     elif fsdp:
-        on, why = False, "auto: off under FSDP2 (whole-model compile with FSDP2 is not checked yet)"
+        on, why = False, "auto: off under FSDP2 (--train.compile=true --train.compile_scope=blocks compiles it)"
     else:
         on, why = True, "auto: on for a CUDA GPU"
-    if on and fsdp:
-        raise ConfigError("train.compile=true is not supported under FSDP2 yet; pass --train.compile=false")
+    if on and fsdp and tc.compile_scope != "blocks":
+        raise ConfigError("train.compile=true under FSDP2 compiles block by block; pass --train.compile_scope=blocks "
+                          "(or --train.compile=false)")
+    if tc.cuda_graphs and tc.compile_scope != "model":
+        raise ConfigError("train.cuda_graphs capture the whole step; they need train.compile_scope=model")
     if on and cfg.data.varlen:
         raise ConfigError("train.compile=true does not go with data.varlen (the document offsets change shape every "
                           "step); pass --train.compile=false or --data.varlen=false")
@@ -59,7 +68,8 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
     if tc.cuda_graphs and device_type != "cuda":
         raise ConfigError("train.cuda_graphs needs a CUDA GPU; drop --train.cuda_graphs")
     if on:
-        why += f"; backend {tc.compile_backend}" + (", CUDA graphs" if tc.cuda_graphs else "")
+        why += (f"; backend {tc.compile_backend}, scope {tc.compile_scope}" + (", CUDA graphs" if tc.cuda_graphs
+                                                                              else ""))
     return on, why
 
 
@@ -73,6 +83,22 @@ def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     Dynamo runs it eagerly and compiles the module inside, which Dynamo's DDPOptimizer splits at DDP's gradient
     buckets so that each bucket's all-reduce still overlaps the backward. The module inside has no graph break
     of its own (tests/test_compile.py compiles every model fullgraph)."""
+    if cfg.train.compile_scope == "blocks":
+        compile_blocks(getattr(model, "module", model), cfg.train.compile_backend)
+        return model
     mode = "reduce-overhead" if cfg.train.cuda_graphs else None
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
     return torch.compile(model, fullgraph=not ddp, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
+
+
+def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> int:
+    """Regional compilation, in place: every block's forward (`model.blocks[i]`, a checkpoint wrapper included) is
+    replaced by its fullgraph, static-shape compilation. The blocks share one code object, so Dynamo compiles the
+    first and every other reuses it. Forward hooks (DDP's, FSDP2's unshard and reshard) run around each compiled
+    forward, as they do eagerly. Evaluation through the same module runs the compiled blocks too (one more graph,
+    for no-grad). Returns the number of blocks compiled."""
+    if any(getattr(b.forward, "_torchdynamo_orig_callable", None) for b in model.blocks):
+        raise ValueError("the model's blocks are already compiled")
+    for block in model.blocks:
+        block.forward = torch.compile(block.forward, fullgraph=True, dynamic=False, backend=backend)
+    return len(model.blocks)
