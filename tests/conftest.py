@@ -88,3 +88,13 @@ def exact_fp32_matmuls():
     torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.fixture
+def exact_fp32_convs():
+    """cuDNN convolutions without TF32 on the GPU for the test's duration: an oracle's F.conv1d (the short
+    convolution) in true fp32, as exact_fp32_matmuls does for its matmuls."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old

@@ -122,14 +122,18 @@ def one_process_group():
 
 def fsdp2_shard(model: torch.nn.Module) -> torch.nn.Module:
     """fully_shard as accelerate's FSDP2 preparation applies it (configs/accelerate/fsdp.yaml): each Block, looking
-    through a CheckpointWrapper, bottom-up, then the root."""
+    through a CheckpointWrapper, bottom-up, then the root. On a CPU device mesh of the one gloo process
+    (one_process_group): fully_shard's default mesh is CUDA's wherever CUDA is available, which would move the
+    parameters of this CPU model to the GPU."""
     from accelerate.utils.other import get_module_children_bottom_up
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh("cpu", (1,))
     for m in get_module_children_bottom_up(model)[:-1]:
         if isinstance(getattr(m, "_checkpoint_wrapped_module", m), Block):
-            fully_shard(m)
-    return fully_shard(model)
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def test_under_ddp_and_fsdp2_the_gradients_are_those_of_none():

@@ -1,6 +1,6 @@
 """Recurrent generation: prefill + N decode steps give the full-sequence forward's logits at every position, for
-every family on every backend that runs here (Triton under TRITON_INTERPRET=1 on a CPU; plain GPT-2's fused
-attention is a CUDA kernel), for a batch of prompts of different lengths (odd, and a single token) left-padded in
+every family on every backend that runs here (Triton on the GPU, or under TRITON_INTERPRET=1 on a CPU; plain GPT-2's
+fused attention is a CUDA kernel), for a batch of prompts of different lengths (odd, and a single token) left-padded in
 one tensor; and the fused decode kernel against the naive step at extreme decays. fp32 throughout: ‖a − b‖ / ‖b‖ ≤ 1e-5 (the step recurrence against the chunkwise
 form sums the same terms in another order)."""
 from __future__ import annotations
@@ -32,13 +32,16 @@ def tiny_cfg(name: str, backend: str) -> ModelConfig:
 def check_decode(model, lengths: list[int], n_new: int, seed: int, pad: int = 0) -> None:
     """Row b's text is idx[b, :len_b + n_new]: its prompt (left-padded into a [B, max len] tensor) is prefilled, the
     rest fed one token per step; every logit row is compared with one full forward of idx (causal, so each row's
-    tokens past its own text do not matter). pad: padding columns beyond the longest prompt."""
+    tokens past its own text do not matter). pad: padding columns beyond the longest prompt. The tokens are drawn on
+    the CPU and moved to the model's device."""
     g = torch.Generator().manual_seed(seed)
     B, T = len(lengths), max(lengths) + pad
     idx = torch.randint(0, model.cfg.vocab_size, (B, T + n_new), generator=g)
     prompt = torch.randint(0, model.cfg.vocab_size, (B, T), generator=g)      # the padding: arbitrary tokens
     for b, n in enumerate(lengths):
         prompt[b, T - n:] = idx[b, :n]
+    device = next(model.parameters()).device
+    idx, prompt = idx.to(device), prompt.to(device)
     with torch.no_grad():
         ref = model(idx)[0]                                                     # [B, T + n_new, vocab]
         logits, cache = model.prefill(prompt, lengths, all_logits=True)
@@ -65,13 +68,15 @@ TRITON = [("gla", "fused"), ("gated_deltanet", "fused"), ("mamba2", "fused"), ("
 
 
 @pytest.mark.parametrize("name, backend", TRITON, ids=[f"{n}-{b}" for n, b in TRITON])
-def test_triton_decode_equals_forward(name, backend):
-    """Prefill on the chunk / fused ops (and on `fused`, the fused projection chains), decode on the step kernel."""
+@pytest.mark.usefixtures("exact_fp32_matmuls", "exact_fp32_convs")
+def test_triton_decode_equals_forward(name, backend, device):
+    """Prefill on the chunk / fused ops (and on `fused`, the fused projection chains), decode on the step kernel;
+    on `device` (the GPU when present, else the CPU under the interpreter)."""
     torch.manual_seed(0)
     cfg = tiny_cfg(name, backend)
     cfg.n_layers = 1                                  # the interpreter is slow: one layer, few tokens
     cfg.latent_dim = 16                               # the flash RA+MLA kernel's smallest L
-    model = build_model(cfg).eval()
+    model = build_model(cfg).to(device).eval()
     if name != "ramla":                               # RA+MLA decodes in PyTorch on every backend
         assert set(model.decode_backends().values()) == {"fused" if backend == "fused" else "fused (decode of chunk)"}
     check_decode(model, [5, 1], n_new=2, seed=torch.seed() % 2**31)
@@ -84,11 +89,12 @@ STEP_CASES += [("ssd_step", dict(B=3, H=4, P=20, G=2, N=6), dict(decay=d)) for d
 
 
 @pytest.mark.parametrize("op, shape, regime", STEP_CASES, ids=[f"{c[0]}-{'-'.join(c[2].values())}" for c in STEP_CASES])
-def test_fused_step_kernel_equals_naive_step(op, shape, regime, poison_empty):
+@pytest.mark.usefixtures("exact_fp32_matmuls")
+def test_fused_step_kernel_equals_naive_step(op, shape, regime, device, poison_empty):
     """Output and in-place state of the Triton step against the PyTorch step: K ≠ V, a ragged last V-tile, H = 1,
     grouped B/C, decays from none to the state wiped in one step; q, k as strided views of a wider buffer."""
     naive = importlib.import_module(f"ops.{op}.naive")
-    kw = naive.make_inputs(shape, seed=torch.seed() % 2**31, **regime)
+    kw = naive.make_inputs(shape, device=device, seed=torch.seed() % 2**31, **regime)
     first = next(iter(kw))
     wide = torch.cat([kw[first], torch.randn_like(kw[first])], -1)            # a strided view, as from a GEMM
     kw[first] = wide[..., :kw[first].shape[-1]]

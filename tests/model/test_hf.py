@@ -1,9 +1,10 @@
 """Hugging Face interop (model/hf.py): export → transformers / fla load it → the same logits; their own
 checkpoints → our model → the same logits; what does not map is refused by name.
 
-fla's model classes call Triton kernels; on a CPU they run under TRITON_INTERPRET=1 (tests/conftest.py), with
-the autotuner's timing stubbed (there is no driver to time configs, so each kernel takes its first config).
-Logits are compared in fp32: ‖ours − theirs‖ / ‖theirs‖ ≤ 1e-5 (measured 2e-7 to 2e-6)."""
+fla's model classes call Triton kernels: the fla tests run both models on the `device` fixture (the GPU when present);
+on a CPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py), with the autotuner's timing stubbed (there is
+no driver to time configs, so each kernel takes its first config). Logits are compared in fp32, with no TF32
+matmuls or convolutions: ‖ours − theirs‖ / ‖theirs‖ ≤ 1e-5 (measured 2e-7 to 2e-6 on the CPU)."""
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ RUNTIME = ("backend", "fuse", "chunk_size")       # how our model runs, not what
 
 
 @pytest.fixture
-def fla_on_cpu(monkeypatch):
-    """fla importable, and its autotuned Triton kernels runnable under the interpreter (see the docstring)."""
+def fla_ready(monkeypatch):
+    """fla importable, and its autotuned Triton kernels runnable: on the GPU as they are, on a CPU under the
+    interpreter (see the docstring)."""
     pytest.importorskip("fla.models", reason="needs flash-linear-attention (pip install flash-linear-attention==0.6.0)")
     if not torch.cuda.is_available():
         from triton.runtime.autotuner import Autotuner
@@ -81,20 +83,21 @@ def same_model(a: ModelConfig, b: ModelConfig) -> None:
     assert not diff, f"configs differ (ours, imported): {diff}"
 
 
-def round_trip(cfg: ModelConfig, tmp_path, x: torch.Tensor) -> None:
+def round_trip(cfg: ModelConfig, tmp_path, x: torch.Tensor, device: str = "cpu") -> None:
     """ours → export → AutoModelForCausalLM: same logits; that model's own save_pretrained → load_hf → ours: the
-    same config and logits."""
+    same config and logits. The models are built, exported and loaded on the CPU and run on `device`."""
     from transformers import AutoModelForCausalLM
 
     ours = ours_of(cfg)
     export_hf(ours, cfg, tmp_path / "exported")
-    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported")).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "exported")).eval().to(device)
+    x = x.to(device)
     ref = logits(theirs, x)
-    assert rel_err(logits(ours, x), ref) <= TOL
+    assert rel_err(logits(ours.to(device), x), ref) <= TOL
     theirs.save_pretrained(str(tmp_path / "saved"))
     back_cfg, state = load_hf(tmp_path / "saved")
     same_model(cfg, back_cfg)
-    assert rel_err(logits(ours_of(back_cfg, state), x), ref) <= TOL
+    assert rel_err(logits(ours_of(back_cfg, state).to(device), x), ref) <= TOL
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -117,13 +120,15 @@ def test_gpt2_from_transformers(tmp_path):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fla_round_trip(tmp_path, fla_on_cpu, family):
+@pytest.mark.usefixtures("exact_fp32_matmuls", "exact_fp32_convs")
+def test_fla_round_trip(tmp_path, fla_ready, device, family):
     # T ≤ 64: fla's layers pick their recurrent kernels for short inputs, which the interpreter runs (its chunk
     # kernels do not: a loop index's .to() fails there) and which compute the same function
-    round_trip(FAMILIES[family], tmp_path, torch.randint(0, VOCAB, (1, 20)))
+    round_trip(FAMILIES[family], tmp_path, torch.randint(0, VOCAB, (1, 20)), device)
 
 
-def test_fla_native_checkpoints(tmp_path, fla_on_cpu):
+@pytest.mark.usefixtures("exact_fp32_matmuls", "exact_fp32_convs")
+def test_fla_native_checkpoints(tmp_path, fla_ready, device):
     """Checkpoints fla configures its own way → ours: GLA with fla's default MLP width (hidden_ratio), unfused
     norms (the output norm's weight is then g_norm) and its gate's defaults; Mamba-2 with its default eps."""
     import fla.models as fm
@@ -133,13 +138,13 @@ def test_fla_native_checkpoints(tmp_path, fla_on_cpu):
              (fm.Mamba2Config(hidden_size=32, num_hidden_layers=2, head_dim=8, state_size=4, vocab_size=VOCAB,
                               tie_word_embeddings=True), fm.Mamba2ForCausalLM,
               dict(ssm_head_dim=8, ssm_state=4, norm_eps=1e-5, tie_embeddings=True))]
-    x = torch.randint(0, VOCAB, (1, 20))
+    x = torch.randint(0, VOCAB, (1, 20), device=device)
     for i, (hc, cls, want) in enumerate(cases):
         theirs = randomize_(cls(hc), seed=i)
         theirs.save_pretrained(str(tmp_path / hc.model_type))
         cfg, state = load_hf(tmp_path / hc.model_type)
         assert {k: getattr(cfg, k) for k in want} == want
-        assert rel_err(logits(ours_of(cfg, state), x), logits(theirs, x)) <= TOL
+        assert rel_err(logits(ours_of(cfg, state).to(device), x), logits(theirs.to(device), x)) <= TOL
 
 
 @pytest.mark.parametrize("family, field, value", [
@@ -176,7 +181,7 @@ def test_import_refuses_what_does_not_map(tmp_path):
 @pytest.mark.parametrize("family, field, value", [("gla", "use_short_conv", True),
                                                   ("gated_deltanet", "allow_neg_eigval", True),
                                                   ("mamba2", "n_groups", 2)])
-def test_import_refuses_fla_fields(tmp_path, fla_on_cpu, family, field, value):
+def test_import_refuses_fla_fields(tmp_path, fla_ready, family, field, value):
     export_hf(ours_of(FAMILIES[family]), FAMILIES[family], tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, field: value}))

@@ -1,7 +1,8 @@
 """Packed documents (cu_seqlens): a packed row equals its documents run one by one, output, final state and every
 gradient, on every backend that supports packing; the Triton backends refuse it with an error naming op, backend
 and remedy. Tolerance: relative RMS ‖a − b‖/‖b‖ ≤ 1e-5 in fp32 (the two sides run the same fp32 arithmetic in a
-different order)."""
+different order). Whatever may run a Triton kernel runs on the `device` fixture (the GPU when present: fla's cells
+need it), the rest on the CPU."""
 from __future__ import annotations
 
 import importlib
@@ -53,12 +54,13 @@ def backend_fns(op: str) -> list[tuple[str, object]]:
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("with_state", [False, True])
-def test_packed_equals_documents_one_by_one(op, with_state):
+@pytest.mark.usefixtures("exact_fp32_matmuls")
+def test_packed_equals_documents_one_by_one(op, with_state, device):
     mod, recurrent, shape, seq, state = OPS[op]
     L, N = sum(LENGTHS), len(LENGTHS)
-    inputs = mod.make_inputs({**shape, "T": L}, seed=None, decay="realistic")
-    h0 = torch.randn(N, *state, requires_grad=True) if with_state else None
-    cu = offsets(LENGTHS)
+    inputs = mod.make_inputs({**shape, "T": L}, device=device, seed=None, decay="realistic")
+    h0 = torch.randn(N, *state, device=device, requires_grad=True) if with_state else None
+    cu = offsets(LENGTHS).to(device)
     for name, fn in backend_fns(op):
         o, S = fn(**inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu)
         do, dS = torch.randn_like(o), torch.randn_like(S)
@@ -132,8 +134,8 @@ def test_attention_and_ramla_stay_inside_documents():
             assert rel(o[:, a:b], ramla.ramla(**part)) <= TOL, alpha
 
 
-def triton_refusals() -> list[tuple[str, str, object, dict]]:
-    """(op, backend, function, its inputs): every Triton entry point that takes cu_seqlens."""
+def triton_refusals(device: str) -> list[tuple[str, str, object, dict]]:
+    """(op, backend, function, its inputs on `device`): every Triton entry point that takes cu_seqlens."""
     from ops.attention import fused as att_fused, naive as att
     from ops.gated_delta import chunk as gdn_chunk, fused as gdn_fused
     from ops.gdn_proj_in import fused as gdn_in_fused, naive as gdn_in
@@ -143,25 +145,28 @@ def triton_refusals() -> list[tuple[str, str, object, dict]]:
     from ops.ramla import fused as ramla_fused, naive as ramla
     from ops.ssd import chunk as ssd_chunk, fused as ssd_fused
 
-    gla_in = gla_naive.make_inputs(dict(B=1, T=8, H=1, K=16, V=16), requires_grad=False)
-    ssd_in = ssd_naive.make_inputs(dict(B=1, T=8, H=1, P=16, G=1, N=16), requires_grad=False)
-    gdn_in_ = gdn_naive.make_inputs(dict(B=1, T=8, H=1, K=16, V=16), requires_grad=False)
+    gla_in = gla_naive.make_inputs(dict(B=1, T=8, H=1, K=16, V=16), device=device, requires_grad=False)
+    ssd_in = ssd_naive.make_inputs(dict(B=1, T=8, H=1, P=16, G=1, N=16), device=device, requires_grad=False)
+    gdn_in_ = gdn_naive.make_inputs(dict(B=1, T=8, H=1, K=16, V=16), device=device, requires_grad=False)
     return [("gla", "chunk", gla_chunk.gla, gla_in), ("gla", "fused", gla_fused.gla, gla_in),
             ("gla", "fused", gla_fused.build(frozenset({"state"})), gla_in),
             ("ssd", "chunk", ssd_chunk.ssd, ssd_in), ("ssd", "fused", ssd_fused.ssd, ssd_in),
             ("gated_delta", "chunk", gdn_chunk.gated_delta, gdn_in_),
             ("gated_delta", "fused", gdn_fused.gated_delta, gdn_in_),
             ("gdn_proj_in", "fused", gdn_in_fused.gdn_proj_in,
-             gdn_in.make_inputs(dict(B=1, T=8, d=16, H=1, K=16, V=16, W=4), requires_grad=False)),
+             gdn_in.make_inputs(dict(B=1, T=8, d=16, H=1, K=16, V=16, W=4), device=device, requires_grad=False)),
             ("mamba2_proj_in", "fused", m2_fused.mamba2_proj_in,
-             m2_in.make_inputs(dict(B=1, T=8, d=16, d_inner=16, d_state=8, H=1, W=4), requires_grad=False)),
-            ("short_conv", "fused", short_conv, dict(x=torch.randn(1, 8, 16), weight=torch.randn(16, 4))),
-            ("attention", "fused", att_fused.attention, att.make_inputs(dict(B=1, T=8, H=1, D=64))),
-            ("ramla", "fused", ramla_fused.ramla, ramla.make_inputs(dict(B=1, T=8, H=1, D=16, L=16, W=2)))]
+             m2_in.make_inputs(dict(B=1, T=8, d=16, d_inner=16, d_state=8, H=1, W=4), device=device,
+                               requires_grad=False)),
+            ("short_conv", "fused", short_conv,
+             dict(x=torch.randn(1, 8, 16, device=device), weight=torch.randn(16, 4, device=device))),
+            ("attention", "fused", att_fused.attention, att.make_inputs(dict(B=1, T=8, H=1, D=64), device=device)),
+            ("ramla", "fused", ramla_fused.ramla,
+             ramla.make_inputs(dict(B=1, T=8, H=1, D=16, L=16, W=2), device=device))]
 
 
-def test_triton_backends_refuse_packed_documents():
-    for op, backend, fn, inputs in triton_refusals():
+def test_triton_backends_refuse_packed_documents(device):
+    for op, backend, fn, inputs in triton_refusals(device):
         with pytest.raises(BackendError, match=f"op '{op}', backend '{backend}'.*cu_seqlens.*--backend naive or "
                                                "fla.*--data.varlen=false"):
-            fn(**inputs, cu_seqlens=offsets([3, 5]))
+            fn(**inputs, cu_seqlens=offsets([3, 5]).to(device))
