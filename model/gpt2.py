@@ -15,9 +15,12 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.common import CausalLM, resolve_op
 from model.config import ModelConfig, ModelConfigError
+
+DECODE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 from model.decode import DecodeCache
 
 
@@ -66,8 +69,11 @@ class MHA(nn.Module):
         cache["k"][:, :, ctx.slot] = k
         cache["v"][:, :, ctx.slot] = v
         keep = ctx.keep()
-        o = F.scaled_dot_product_attention(q[:, :, None], cache["k"][:, :, :S], cache["v"][:, :, :S],
-                                           attn_mask=None if keep is None else keep[:, None, None])  # [B, H, 1, D]
+        # every step has a new key length S, for which cuDNN's SDPA (the H100's default) builds a new plan (about
+        # 5 ms a layer); flash and memory-efficient attention take any length as it comes
+        with sdpa_kernel(DECODE_SDPA):
+            o = F.scaled_dot_product_attention(q[:, :, None], cache["k"][:, :, :S], cache["v"][:, :, :S],
+                                               attn_mask=None if keep is None else keep[:, None, None])  # [B, H, 1, D]
         return self.proj(o.reshape(B, 1, d))
 
     def op_dims(self, batch: int, seq_len: int, dtype: torch.dtype) -> dict[str, tuple]:

@@ -101,6 +101,14 @@ def peer_decode(peer, B: int, P: int, N: int, vocab: int, device: str) -> dict:
             "ms_per_token": 1e3 * decode_s / max(N - 1, 1)}
 
 
+def peer_warmup(peer, B: int, P: int, vocab: int, device: str) -> None:
+    """generate(1) and generate(4) at the row's shape, untimed: the peer's kernels compiled and autotuned."""
+    idx = torch.randint(0, vocab, (B, P), device=device)
+    for n in (1, 4):
+        peer.generate(idx, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True, eos_token_id=None,
+                      pad_token_id=0)
+
+
 def build_peer(cfg, device: str):
     """The peer model (scripts/bench_throughput.py's peer_model), or the reason it cannot run here."""
     if cfg.family == "gpt2" and cfg.attention != "mha":
@@ -138,7 +146,7 @@ def run_config(name: str, cfg, backend: str, args, device: str, record) -> None:
                 record({**prow, "status": "n/a", "why": why or f"prompt + new > the {positions} learned positions"})
                 continue
             try:
-                peer_decode(peer, B, args.prompt, 4, cfg.vocab_size, device)     # warm-up at this shape, as ours
+                peer_warmup(peer, B, args.prompt, cfg.vocab_size, device)       # at this shape, as ours
                 record({**prow, "status": "ok", **peer_decode(peer, B, args.prompt, args.new, cfg.vocab_size, device)})
             except (RuntimeError, torch.OutOfMemoryError) as e:         # the peer's failure is a row, not the end
                 record({**prow, "status": "error", "why": str(e).splitlines()[0][:200]})

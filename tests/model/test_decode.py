@@ -82,6 +82,29 @@ def test_triton_decode_equals_forward(name, backend, device):
     check_decode(model, [5, 1], n_new=2, seed=torch.seed() % 2**31)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tensor-core paths need a CUDA GPU")
+@pytest.mark.parametrize("name, backend", TRITON, ids=[f"{n}-{b}" for n, b in TRITON])
+@pytest.mark.usefixtures("exact_fp32_matmuls", "exact_fp32_convs")
+def test_bf16_decode_is_within_the_forwards_bf16_error(name, backend):
+    """Under bf16 autocast (as eval/generate.py decodes), prefill + steps against the fp32 full forward: no further
+    from it than twice the bf16 full forward is (the step rounds the same operands as the chunked form, summed in
+    another order). A wrong state or conv tail would be O(1) away."""
+    torch.manual_seed(0)
+    cfg = tiny_cfg(name, backend)
+    cfg.latent_dim = 16
+    model = build_model(cfg).cuda().eval()
+    idx = torch.randint(0, cfg.vocab_size, (3, 48), device="cuda")
+    P = 29
+    with torch.no_grad():
+        ref = model(idx)[0][:, P - 1:].float()                                  # fp32, positions P-1 … 47
+        with torch.autocast("cuda", torch.bfloat16):
+            fwd = model(idx)[0][:, P - 1:].float()
+            logits, cache = model.prefill(idx[:, :P])
+            dec = [logits.float()] + [model.step(idx[:, t], cache).float() for t in range(P, idx.shape[1])]
+    err_dec, err_fwd = rel_err(torch.stack(dec, 1), ref), rel_err(fwd, ref)
+    assert err_dec <= max(2 * err_fwd, 1e-3), (err_dec, err_fwd)
+
+
 STEP_CASES = [("gla_step", dict(B=2, H=3, K=12, V=40), dict(decay=d)) for d in ("model", "near0", "extreme", "mixed")]
 STEP_CASES += [("gated_delta_step", dict(B=2, H=1, K=16, V=24), dict(decay=d, beta=b))
                for d, b in (("model", "model"), ("extreme", "near1"), ("near0", "near0"))]
