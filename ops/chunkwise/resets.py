@@ -17,6 +17,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ops.varlen import Documents
+
+
+def reset_args(docs: Documents | None) -> dict:
+    """A state kernel's document-reset arguments: none without documents, so that those launches (and their
+    compiled kernels) are the plain ones."""
+    return {} if docs is None else dict(reset=docs.reset, HAS_RESET=True)
+
 
 @triton.jit
 def _state_ptrs(s, d, i_h, o_k, o_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):

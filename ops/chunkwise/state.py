@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ops.varlen import Documents
-from ops.chunkwise.resets import reset_bwd, reset_fwd, store_dh0, store_last
+from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.triton_utils import dot_precision, load_rows, row_offsets, sm_count, tile
 
 
@@ -245,7 +245,7 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
-                             **_reset_args(docs, S, h0), **(dict(num_warps=4, num_stages=1) | launch))
+                             **_reset_args(docs, S, hd=h0), **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  False, output_final_state, step_decays)
@@ -272,7 +272,7 @@ def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, docs: Docu
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
     chunk_fwd_h_kernel[grid](k, v, b, h, h_kept.contiguous(), None, None, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
                              b.shape[-1] == 1, h0 is not None and docs is not None, False, dot_precision(v), True,
-                             **_reset_args(docs, 1, h0), **(dict(num_warps=4, num_stages=1) | launch))
+                             **_reset_args(docs, 1, hd=h0), **(dict(num_warps=4, num_stages=1) | launch))
     return h
 
 
@@ -291,21 +291,20 @@ def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, s
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
     chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, e, lam, scale, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
                               b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do), step_decays,
-                              **_reset_args(docs, S, hd=False))
+                              **_reset_args(docs, S))
     if S > 1:
         state_fixup_kernel[grid](dh, e, lam, b, dh0, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  True, need_dh0, step_decays)
     return dh, dh0
 
 
-def _reset_args(docs: Documents | None, S: int, h0: torch.Tensor | None = None, hd: bool = True) -> dict:
-    """The state kernels' document-reset arguments: none without documents, so that those launches (and their
-    compiled kernels) are the plain ones."""
+def _reset_args(docs: Documents | None, S: int, **extra) -> dict:
+    """resets.reset_args plus `extra` (the forward's hd) with documents, none without; documents never split."""
     if docs is None:
         return {}
     if S != 1:
         raise ValueError("packed documents run the state pass unsplit (segments = 1)")
-    return dict(reset=docs.reset, HAS_RESET=True) | (dict(hd=h0) if hd else {})
+    return reset_args(docs) | extra
 
 
 def _segment_buffers(B, S, H, K, V, decay_dim, device, final):

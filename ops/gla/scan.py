@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.resets import reset_fwd, store_last
+from ops.chunkwise.resets import reset_args, reset_fwd, store_last
 from ops.varlen import Documents
 from ops.gla.movement import MIN_BV, device_model, kernel_tiles
 from ops.triton_utils import dot_precision, row_offsets
@@ -168,5 +168,5 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     fused_scan_fwd_kernel[grid](q, k, v, g, o, b, h, h0, ht, scale, T, NT, H, K, V, chunk_size, interval // chunk_size,
                                 BK, BV, float(max_range), h0 is not None, output_final_state, save, dot_precision(v),
                                 v.dtype != torch.float32, **tiles,
-                                **({} if docs is None else dict(reset=docs.reset, HAS_RESET=True)))
+                                **reset_args(docs))
     return o, ht, b, h
