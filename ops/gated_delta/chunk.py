@@ -61,7 +61,8 @@ def _fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 @kernel_op("gated_delta_chunk_fwd", _fwd_fake)
 def chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
               initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int, state_dtype: torch.dtype,
-              reset: torch.Tensor | None, n_docs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+              reset: torch.Tensor | None, n_docs: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                          torch.Tensor, torch.Tensor]:
     """q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state [B, H, K, V] fp32 or None.
     Returns o [B, T, H, V] (v's dtype), the final state [B, H, K, V] fp32 (0 elements unless asked), and what the

@@ -21,8 +21,8 @@ import triton
 
 from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import (CHUNK_SIZES as STAGE_CHUNK_SIZES, check_inputs, chunk_decay_attention,
-                                           decay_grad, documents, documents_args, grads_fake, stages_plan, state_segments, states_backward,
-                                           states_forward)
+                                           decay_grad, documents, documents_args, grads_fake, stages_plan,
+                                           state_segments, states_backward, states_forward)
 from ops.chunkwise.output import chunk_fwd_o
 from ops.chunkwise.state import chunk_fwd_h_from, split_segments
 from ops.gla import chunk

@@ -75,7 +75,7 @@ def packed_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return x, torch.randint(0, EOT, (2, T)), cu_seqlens(x, EOT)
 
 
-# about tests/model/test_equivalence.py's tiny widths (Mamba-2 at two heads), one layer: a few interpreter seconds a cell
+# about test_equivalence.py's tiny widths (Mamba-2 at two heads), one layer: a few interpreter seconds a cell
 TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low_rank=4),
         "gated_deltanet": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16),
         "mamba2": dict(d_model=32, expand=1, ssm_head_dim=16, ssm_state=8)}
