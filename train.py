@@ -205,13 +205,13 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     log_with = resolve_log_with(tc.log_with)
     if args.allow_changes and not args.resume:
         raise ConfigError("--allow-changes applies only with --resume")
+    if cfg.data.varlen and cfg.model.family == "gpt2" and cfg.model.backend not in ("naive", "fla"):
+        raise ConfigError("data.varlen (packed documents): GPT-2's attention keeps to each document on --backend "
+                          "naive or fla; choose one of those, or --data.varlen=false")
     with torch.device("meta"):   # family, backends, shapes and checkpointing checked before any data is downloaded
         checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
     compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
                                               fsdp_plugin(precision) is not None)
-    if cfg.data.varlen and cfg.model.backend not in ("naive", "fla"):
-        raise ConfigError("data.varlen (packed documents) runs on --backend naive or fla; choose one of those, or "
-                          "--data.varlen=false")
     run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder

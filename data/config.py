@@ -31,7 +31,7 @@ class DataConfig:
     doc_separator: bool = False        # <|endoftext|> before each document (WikiText: article; else a row); false:
                                        # the plain stream, as published WikiText numbers use (shards of their own)
     varlen: bool = False               # pack documents: the model restarts its state at each <|endoftext|> of a
-                                       # window (cu_seqlens; needs doc_separator, backends naive or fla)
+                                       # window (cu_seqlens; needs doc_separator; GPT-2's on naive only)
     num_proc: int = 0                  # tokenizer processes; 0 → one per core
     verify: bool = True                # sha256-check shards when opening them
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)

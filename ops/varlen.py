@@ -11,8 +11,16 @@ The naive chunkwise forms run documents in a chunk-aligned layout: each document
 number of chunks (k = v = 0, β = 0, log-decay 0 leave states and outputs unchanged), so no chunk holds two
 documents and the state pass only has to reset at the first chunk of each document. The layout costs at most
 N·(C − 1) padded tokens.
+
+The Triton backends (`chunk`, `fused`) run the same layout (`run_chunk_aligned`): the sequences are scattered into
+it, the op's kernels run on [1, P, ...] with a per-chunk reset flag in their state passes (`Documents`,
+ops/chunkwise/resets.py), and the outputs are gathered back; the intra-chunk kernels are unchanged, since no chunk
+holds two documents, and the gather's backward drops the gradient of the padding.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -80,6 +88,33 @@ def to_chunks(x: torch.Tensor, dest: torch.Tensor, P: int) -> torch.Tensor:
 def from_chunks(x: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
     """[1, P, ...] → [1, L, ...]: the inverse of to_chunks."""
     return x.index_select(1, dest)
+
+
+class Documents(NamedTuple):
+    """Packed documents in the chunk-aligned layout, as the Triton state passes take them: reset int32 [P/C + 1]
+    holds per chunk the index of the document it starts (−1 where it continues one), then N; n = N."""
+    reset: torch.Tensor
+    n: int
+
+
+def run_chunk_aligned(op: str, cu_seqlens: torch.Tensor, chunk_size: int, initial_state: torch.Tensor | None,
+                      seqs: tuple[torch.Tensor, ...],
+                      run: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A recurrent op on packed documents through its chunked kernels. seqs: the op's per-token inputs [1, L, ...]
+    (padding with zeros must leave states and outputs unchanged: k = v = 0, β = 0, log-decay 0); run(*padded, docs)
+    gets them as [1, P, ...] and a Documents, and returns o [1, P, ...] and the final state [N, H, K, V] or None.
+    Returns o gathered back to [1, L, ...] and the final state. Costs at most N·(C − 1) padded tokens."""
+    B, T = seqs[0].shape[:2]
+    cu = offsets(cu_seqlens, B, T, op)
+    initial_for(initial_state, len(cu) - 1, op)
+    dest, P, starts, _ = chunk_layout(cu, chunk_size, seqs[0].device)
+    reset = [-1] * (P // chunk_size) + [len(cu) - 1]
+    for chunk, n in starts.items():
+        reset[chunk] = n
+    docs = Documents(torch.tensor(reset, dtype=torch.int32).to(seqs[0].device), len(cu) - 1)
+    o, ht = run(*(to_chunks(x, dest, P) for x in seqs), docs)
+    return from_chunks(o, dest), ht
 
 
 def positions(cu_seqlens: torch.Tensor, L: int) -> torch.Tensor:

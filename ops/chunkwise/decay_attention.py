@@ -22,16 +22,17 @@ from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
 from ops.chunkwise.cumsum import chunk_cumsum
+from ops.varlen import Documents
 from ops.library import absent, contiguous, kernel_op, maybe
 from ops.triton_utils import tile
 
 CHUNK_SIZES = (16, 32, 64, 128)
 
 
-def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state):
+def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, reset, n_docs):
     B, T, H, V = v.shape
     K, NT = q.shape[-1], -(-T // chunk_size)
-    ht = v.new_empty(B, H, K, V, dtype=torch.float32) if output_final_state else absent(v)
+    ht = v.new_empty(n_docs or B, H, K, V, dtype=torch.float32) if output_final_state else absent(v)
     return (v.new_empty(B, T, H, V), ht, g.new_empty(B, T, H, g.shape[-1], dtype=torch.float32),
             k.new_empty(B, NT, H, K, V), q.new_empty(B, T, H, chunk_size))
 
@@ -39,12 +40,14 @@ def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, 
 @kernel_op("chunk_decay_fwd", fake=_fwd_fake)
 def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
                     initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int,
-                    split_state: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                    split_state: bool, reset: torch.Tensor | None, n_docs: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward stages. Returns o [B, T, H, V] (v's dtype), the final state [B, H, K, V] fp32 (0 elements unless
-    asked), and for the backward b [B, T, H, K|1] fp32, h [B, NT, H, K, V] and A [B, T, H, C] (q's dtype)."""
+    asked), and for the backward b [B, T, H, K|1] fp32, h [B, NT, H, K, V] and A [B, T, H, C] (q's dtype).
+    reset, n_docs: packed documents (ops/varlen.Documents; states [n_docs, H, K, V]), or None, 0."""
     H = v.shape[2]
     q, k, v, b, h, ht = states_forward(expand_heads(q, H), expand_heads(k, H), v, g, initial_state,
-                                       output_final_state, chunk_size, split_state)
+                                       output_final_state, chunk_size, split_state, documents(reset, n_docs))
     if b.shape[-1] == 1:
         o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
     else:
@@ -53,20 +56,21 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return o, absent(o) if ht is None else ht, b, h, A
 
 
-def _bwd_fake(q, k, v, b, h, A, do, dht, scale, has_h0, chunk_size, split_state, g_dtype):
-    return grads_fake(q, k, v, b, has_h0, g_dtype)
+def _bwd_fake(q, k, v, b, h, A, do, dht, scale, has_h0, chunk_size, split_state, g_dtype, reset, n_docs):
+    return grads_fake(q, k, v, b, has_h0, g_dtype, n_docs)
 
 
 @kernel_op("chunk_decay_bwd", fake=_bwd_fake)
 def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
                     A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float, has_h0: bool,
-                    chunk_size: int, split_state: bool, g_dtype: torch.dtype
+                    chunk_size: int, split_state: bool, g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward stages, from the forward's inputs q, k (grouped or not), v and outputs b, h, A. Returns dq, dk
     (q's and k's shapes), dv, dg (g_dtype) and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
     H, G = v.shape[2], q.shape[2]
     q, k, v = (x.contiguous() for x in (expand_heads(q, H), expand_heads(k, H), v))
-    do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, chunk_size, split_state)
+    do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, chunk_size, split_state,
+                                  documents(reset, n_docs))
     dA = chunk_bwd_dA(do, v, chunk_size)
     dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
     dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, chunk_size)
@@ -76,22 +80,22 @@ def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.
 
 
 def _setup(ctx, inputs, output) -> None:
-    q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state = inputs
+    q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, reset, n_docs = inputs
     _, _, b, h, A = output
     # q and k shared by groups of heads (Mamba-2's B and C) are kept as given, not per head: at mamba2_370m
     # (32 heads, one group, N = 128) that is 268 MB less per layer at B8 T2048 bf16
-    ctx.save_for_backward(q, k, v, b, h, A)
+    ctx.save_for_backward(q, k, v, b, h, A, reset)
     ctx.mark_non_differentiable(b, h, A)
-    ctx.scale, ctx.chunk_size, ctx.split_state = scale, chunk_size, split_state
+    ctx.scale, ctx.chunk_size, ctx.split_state, ctx.n_docs = scale, chunk_size, split_state, n_docs
     ctx.has_h0, ctx.wants_ht, ctx.g_dtype = initial_state is not None, output_final_state, g.dtype
 
 
 def _backward(ctx, do, dht, db, dh, dA):
-    q, k, v, b, h, A = ctx.saved_tensors
+    q, k, v, b, h, A, reset = ctx.saved_tensors
     do, dht = contiguous(do, dht if ctx.wants_ht else None)
     dq, dk, dv, dg, dh0 = chunk_decay_bwd(q, k, v, b, h, A, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
-                                          ctx.split_state, ctx.g_dtype)
-    return dq, dk, dv, dg, None, maybe(dh0, ctx.has_h0), None, None, None
+                                          ctx.split_state, ctx.g_dtype, reset, ctx.n_docs)
+    return dq, dk, dv, dg, None, maybe(dh0, ctx.has_h0), None, None, None, None, None
 
 
 chunk_decay_fwd.register_autograd(_backward, setup_context=_setup)
@@ -110,24 +114,27 @@ def sum_groups(dx: torch.Tensor, G: int) -> torch.Tensor:
     return dx if G == H else dx.view(B, T, G, H // G, D).sum(3)
 
 
-def states_forward(q, k, v, g, initial_state, output_final_state: bool, chunk_size: int, split_state: bool):
+def states_forward(q, k, v, g, initial_state, output_final_state: bool, chunk_size: int, split_state: bool,
+                   docs: Documents | None = None):
     """What every chunkwise forward (this module's operator, ops/gla/fused.py's) does first: contiguous
-    inputs, b = chunk-local cumsum of g and the states entering each chunk (split or not).
-    Returns q, k, v, b, h, final state."""
+    inputs, b = chunk-local cumsum of g and the states entering each chunk (split or not; never split with
+    packed documents, docs). Returns q, k, v, b, h, final state."""
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     h0 = initial_state.contiguous() if initial_state is not None else None
     b = chunk_cumsum(g, chunk_size)
-    h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size, state_segments(k, v, chunk_size, split_state))
+    h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size,
+                        state_segments(k, v, chunk_size, split_state and docs is None), docs=docs)
     return q, k, v, b, h, ht
 
 
-def states_backward(q, k, v, b, do, dht, has_h0: bool, scale: float, chunk_size: int, split_state: bool):
+def states_backward(q, k, v, b, do, dht, has_h0: bool, scale: float, chunk_size: int, split_state: bool,
+                    docs: Documents | None = None):
     """The backward's first step: contiguous do and the state gradients, the dh pass split as the forward's state
     pass was (k, v contiguous, as states_forward returned them). Returns do, dh, dh0."""
     do = do.contiguous()
     dht = dht.contiguous() if dht is not None else None
-    segments = state_segments(k, v, chunk_size, split_state)
-    dh, dh0 = chunk_bwd_dh(q, do, b, dht, has_h0, scale, chunk_size, segments)
+    segments = state_segments(k, v, chunk_size, split_state and docs is None)
+    dh, dh0 = chunk_bwd_dh(q, do, b, dht, has_h0, scale, chunk_size, segments, docs=docs)
     return do, dh, dh0
 
 
@@ -136,27 +143,41 @@ def decay_grad(db: torch.Tensor, chunk_size: int, g_dtype: torch.dtype) -> torch
     return chunk_cumsum(db, chunk_size, reverse=True).to(g_dtype)
 
 
-def grads_fake(q, k, v, b, has_h0: bool, g_dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def grads_fake(q, k, v, b, has_h0: bool, g_dtype: torch.dtype, n_docs: int = 0) -> tuple[torch.Tensor, ...]:
     """The fake outputs of a chunkwise backward operator: dq, dk, dv as q, k, v, dg as b in g_dtype and dh0
-    [B, H, K, V] fp32 (0 elements without an initial state)."""
+    [B, H, K, V] fp32 ([n_docs, ...] with packed documents; 0 elements without an initial state)."""
     B, T, H, V = v.shape
-    dh0 = v.new_empty(B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
+    dh0 = v.new_empty(n_docs or B, H, q.shape[-1], V, dtype=torch.float32) if has_h0 else absent(v)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), b.new_empty(b.shape, dtype=g_dtype), dh0
 
 
 def chunk_decay_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
                           initial_state: torch.Tensor | None, output_final_state: bool,
-                          chunk_size: int = 64, split_state: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                          chunk_size: int = 64, split_state: bool = False, docs: Documents | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q, k: [B, T, H, K], or [B, T, G, K] shared by groups of H / G heads (head h reads group
     h // (H / G)); v: [B, T, H, V]; g: [B, T, H, K] or [B, T, H, 1] log-decays ≤ 0;
     initial_state: [B, H, K, V]. Returns o [B, T, H, V] (v's dtype) and the final state (fp32).
-    split_state: the `fused` backend's `state` component (state.py's split scan)."""
+    split_state: the `fused` backend's `state` component (state.py's split scan).
+    docs: packed documents in the chunk-aligned layout (ops/varlen.run_chunk_aligned; states [N, H, K, V]); their
+    state pass is never split (the split's carry fix-up knows no document boundaries)."""
     check_inputs(q, k, v, chunk_size, CHUNK_SIZES)
     if q.shape[2] != k.shape[2] or v.shape[2] % q.shape[2]:
         raise ValueError(f"q and k need the same head count G dividing v's {v.shape[2]} heads; got "
                          f"q {tuple(q.shape)}, k {tuple(k.shape)}")
-    o, ht = chunk_decay_fwd(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state)[:2]
+    o, ht = chunk_decay_fwd(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state,
+                            *documents_args(docs))[:2]
     return o, maybe(ht, output_final_state)
+
+
+def documents(reset: torch.Tensor | None, n_docs: int) -> Documents | None:
+    """An operator's (reset, n_docs) arguments back as Documents, or None without packed documents."""
+    return None if reset is None else Documents(reset, n_docs)
+
+
+def documents_args(docs: Documents | None) -> tuple[torch.Tensor | None, int]:
+    """Documents as an operator's (reset, n_docs) arguments: (None, 0) without packed documents."""
+    return (None, 0) if docs is None else (docs.reset, docs.n)
 
 
 def stages_plan(device: torch.device, B: int, T: int, H: int, K: int, V: int, chunk_size: int, split_state: bool,

@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.varlen import Documents
+from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.triton_utils import dot_precision, load_rows, row_offsets, sm_count, tile
 
 
@@ -60,10 +62,13 @@ def _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H: tl.constexpr, K: tl.con
 def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
-                       SEEDED: tl.constexpr, STEP: tl.constexpr = False):
+                       SEEDED: tl.constexpr, STEP: tl.constexpr = False, reset=None, hd=None,
+                       HAS_RESET: tl.constexpr = False):
     """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
     state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused).
-    SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from)."""
+    SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from).
+    HAS_RESET (packed documents, S = 1 or SEEDED; resets.py): the state restarts at each document's first chunk
+    from hd [N, H, K, V] (USE_H0) or zero, and ht [N, H, K, V] gets each document's final state."""
     i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
@@ -75,11 +80,13 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
     if SEEDED:
         b_h += tl.load(h0 + row_offsets(i_b, i_h, i_s, S, H, K * V) + (o_k[:, None] * V + o_v[None, :]), mask=m_kv,
                        other=0.0).to(tl.float32)
-    elif USE_H0:
+    elif USE_H0 and not HAS_RESET:
         if i_s == 0:
             b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     b_lam = tl.zeros([BK], dtype=tl.float32)
     for i_t in range(i_s * NS, tl.minimum(i_s * NS + NS, NT)):
+        if HAS_RESET:
+            b_h = reset_fwd(b_h, reset, hd, ht, i_t, i_h, o_k, o_v, m_kv, H, K, V, USE_H0, STORE_HT and not SEEDED)
         tl.store(h + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
@@ -95,7 +102,10 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
             b_h *= tl.exp(b_bl)[:, None]
         b_lam += b_bl
         b_h += tl.dot(tl.trans(b_kd.to(b_v.dtype)), b_v, input_precision=PREC)
-    if not SEEDED:
+    if HAS_RESET:
+        if STORE_HT and not SEEDED:
+            store_last(b_h, reset, ht, NT, i_h, o_k, o_v, m_kv, H, K, V)
+    elif not SEEDED:
         _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_HT)
 
 
@@ -118,9 +128,11 @@ def _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H:
 def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         SCALAR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                        PREC: tl.constexpr, STEP: tl.constexpr = False):
+                        PREC: tl.constexpr, STEP: tl.constexpr = False, reset=None, HAS_RESET: tl.constexpr = False):
     """The forward's segments run backwards: segment i_s starts from zero at its last chunk (dht
-    for the last segment); dh0 [B, S, H, K, V] gets each segment's start gradient, lam its decay."""
+    for the last segment); dh0 [B, S, H, K, V] gets each segment's start gradient, lam its decay.
+    HAS_RESET (packed documents, S = 1; resets.py): dh restarts from dht[d] at document d's last chunk, and
+    dh0 [N, H, K, V] gets each document's start gradient."""
     i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
@@ -129,13 +141,15 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.con
     m_kv = (o_k[:, None] < K) & (o_v[None, :] < V)
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
+    if USE_DHT and not HAS_RESET:
         if i_s == S - 1:
             b_dh += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
     b_lam = tl.zeros([BK], dtype=tl.float32)
     t_end = tl.minimum(i_s * NS + NS, NT)
     for j in range(t_end - i_s * NS):
         i_t = t_end - 1 - j
+        if HAS_RESET:
+            b_dh = reset_bwd(b_dh, reset, dht, i_t, i_h, o_k, o_v, m_kv, H, K, V, USE_DHT)
         tl.store(dh + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
@@ -151,7 +165,11 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.con
             b_dh *= tl.exp(b_bl)[:, None]
         b_lam += b_bl
         b_dh += tl.dot(tl.trans(b_qd.to(b_do.dtype)), b_do, input_precision=PREC)
-    _store_segment_end(dh0, lam, b_dh, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_DH0)
+        if HAS_RESET:
+            if STORE_DH0:
+                store_dh0(b_dh, reset, dh0, i_t, i_h, o_k, o_v, m_kv, H, K, V)
+    if not HAS_RESET:
+        _store_segment_end(dh0, lam, b_dh, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H, K, V, SCALAR, STORE_DH0)
 
 
 @triton.jit
@@ -207,37 +225,42 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
 
 
 def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments: int = 1, step_decays: bool = False,
-                **launch):
+                docs: Documents | None = None, **launch):
     """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32, chunk-local cumulative (cumsum.py). Returns
     h [B, NT, H, K, V] in k's dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or
     None. segments > 1: the split scan (module docstring; split_segments picks it). step_decays: b holds the
     per-step log-decays instead, in any float dtype (bf16 halves their read), and the kernels take the
-    chunk-local cumsum in registers. launch: num_warps / num_stages for the first pass."""
+    chunk-local cumsum in registers. launch: num_warps / num_stages for the first pass.
+    docs (packed documents, B = 1, chunk-aligned; resets.py): the state restarts at each document from h0[n]
+    ([N, H, K, V]) or zero and the final state is [N, H, K, V]; the scan is not split (segments must be 1)."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
     h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=k.device) \
+        if output_final_state else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], k.device, ht)
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
-                             **(dict(num_warps=4, num_stages=1) | launch))
+                             **_reset_args(docs, S, hd=h0), **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  False, output_final_state, step_decays)
     return h, ht
 
 
-def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, **launch):
+def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, docs: Documents | None = None,
+                     h0: torch.Tensor | None = None, **launch):
     """The state entering every chunk, h [B, NT, H, K, V] in k's dtype, recomputed from the states kept every
     `interval` rows (a multiple of chunk_size), h_kept [B, cdiv(T, interval), H, K, V]: one program per kept
     state walks the interval's chunks, so the recompute runs interval / chunk_size chunks deep, not NT.
     The backward of a chunk size larger than the kernels' sub-blocks (ops/gla/fused.py) calls it: the forward
     kept one state in interval / chunk_size. k, v, b as chunk_fwd_h's, b local to each chunk_size chunk.
-    The kept-state count is a compile-time constant of the kernel (S): one compile per training length."""
+    The kept-state count is a compile-time constant of the kernel (S): one compile per training length.
+    docs, h0: packed documents as chunk_fwd_h's (a document starting inside an interval restarts there)."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     NS, S = interval // chunk_size, h_kept.shape[1]
@@ -248,29 +271,40 @@ def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, **launch):
     h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
     chunk_fwd_h_kernel[grid](k, v, b, h, h_kept.contiguous(), None, None, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
-                             b.shape[-1] == 1, False, False, dot_precision(v), True,
-                             **(dict(num_warps=4, num_stages=1) | launch))
+                             b.shape[-1] == 1, h0 is not None and docs is not None, False, dot_precision(v), True,
+                             **_reset_args(docs, 1, hd=h0), **(dict(num_warps=4, num_stages=1) | launch))
     return h
 
 
 def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, segments: int = 1,
-                 step_decays: bool = False):
+                 step_decays: bool = False, docs: Documents | None = None):
     """Returns dh [B, NT, H, K, V] in q's dtype (gradient of the state *leaving* each chunk) and
-    dh0 [B, H, K, V] fp32. b, segments and step_decays as chunk_fwd_h's."""
+    dh0 [B, H, K, V] fp32. b, segments, step_decays and docs as chunk_fwd_h's (docs: dht and dh0 [N, H, K, V])."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
     dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
-    dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
+    dh0 = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=q.device) \
+        if need_dh0 else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], q.device, dh0)
     grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
     chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, e, lam, scale, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
-                              b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do), step_decays)
+                              b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do), step_decays,
+                              **_reset_args(docs, S))
     if S > 1:
         state_fixup_kernel[grid](dh, e, lam, b, dh0, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  True, need_dh0, step_decays)
     return dh, dh0
+
+
+def _reset_args(docs: Documents | None, S: int, **extra) -> dict:
+    """resets.reset_args plus `extra` (the forward's hd) with documents, none without; documents never split."""
+    if docs is None:
+        return {}
+    if S != 1:
+        raise ValueError("packed documents run the state pass unsplit (segments = 1)")
+    return reset_args(docs) | extra
 
 
 def _segment_buffers(B, S, H, K, V, decay_dim, device, final):

@@ -23,6 +23,8 @@ import triton.language as tl
 from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 from ops.gated_delta.wy import per_chunk, per_step
+from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
+from ops.varlen import Documents
 
 MAX_K = 256
 
@@ -30,7 +32,9 @@ MAX_K = 256
 @triton.jit
 def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
-                       STORE_HT: tl.constexpr, PREC: tl.constexpr):
+                       STORE_HT: tl.constexpr, PREC: tl.constexpr, reset=None, HAS_RESET: tl.constexpr = False):
+    """HAS_RESET (packed documents, B = 1; ops/chunkwise/resets.py): the state restarts at each document's first
+    chunk from h0 [N, H, K, V] or zero, and ht [N, H, K, V] gets each document's final state."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
@@ -40,9 +44,11 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
     m_kv = m_k[:, None] & m_v[None, :]
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
+    if USE_H0 and not HAS_RESET:
         b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     for i_t in range(NT):
+        if HAS_RESET:
+            b_h = reset_fwd(b_h, reset, h0, ht, i_t, i_h, o_k, o_v, m_kv, H, K, V, USE_H0, STORE_HT)
         tl.store(h + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
@@ -59,13 +65,19 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
         b_h *= tl.exp(b_bl)
         b_h += tl.dot(b_kt.to(b_w.dtype), b_vn.to(b_w.dtype), input_precision=PREC)
     if STORE_HT:
-        tl.store(ht + p_state, b_h, mask=m_kv)
+        if HAS_RESET:
+            store_last(b_h, reset, ht, NT, i_h, o_k, o_v, m_kv, H, K, V)
+        else:
+            tl.store(ht + p_state, b_h, mask=m_kv)
 
 
 @triton.jit
 def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
+                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr, reset=None,
+                       HAS_RESET: tl.constexpr = False):
+    """HAS_RESET (packed documents; ops/chunkwise/resets.py): dh restarts from dht[d] at document d's last chunk,
+    and dh0 [N, H, K, V] gets each document's start gradient."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
@@ -76,10 +88,12 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
     o_c = tl.arange(0, BT)
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_DHT:
+    if USE_DHT and not HAS_RESET:
         b_dh += tl.load(dht + p_state, mask=m_kv, other=0.0).to(tl.float32)
     for j in range(NT):
         i_t = NT - 1 - j
+        if HAS_RESET:
+            b_dh = reset_bwd(b_dh, reset, dht, i_t, i_h, o_k, o_v, m_kv, H, K, V, USE_DHT)
         tl.store(dh + row_offsets(i_b, i_h, i_t, NT, H, K * V) + (o_k[:, None] * V + o_v[None, :]),
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + o_c
@@ -101,7 +115,10 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
         b_dh *= tl.exp(b_bl)
         b_dh += tl.dot(b_qt.to(b_do.dtype), b_do, input_precision=PREC)
         b_dh -= tl.dot(b_wt.to(b_do.dtype), b_dv.to(b_do.dtype), input_precision=PREC)
-    if STORE_DH0:
+        if HAS_RESET:
+            if STORE_DH0:
+                store_dh0(b_dh, reset, dh0, i_t, i_h, o_k, o_v, m_kv, H, K, V)
+    if STORE_DH0 and not HAS_RESET:
         tl.store(dh0 + p_state, b_dh, mask=m_kv)
 
 
@@ -114,40 +131,45 @@ def state_tiles(K: int, V: int, BV: int | None) -> tuple[int, int]:
 
 def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None,
                 output_final_state: bool, chunk_size: int, BV: int | None = None, num_warps: int = 8,
-                state_dtype: torch.dtype | None = None):
+                state_dtype: torch.dtype | None = None, docs: Documents | None = None):
     """k, w: [B, T, H, K]; u: [B, T, H, V]; b: [B, T, H, 1] fp32. Returns h [B, NT, H, K, V] in state_dtype
     (default k's dtype; the state entering each chunk), v_new [B, T, H, V] (u's dtype) and the final state
-    [B, H, K, V] fp32, or None."""
+    [B, H, K, V] fp32, or None. docs: packed documents in the chunk-aligned layout (h0 and the final state
+    [N, H, K, V])."""
     B, T, H, K = k.shape
     V, NT = u.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = state_tiles(K, V, BV)
     h = torch.empty(B, NT, H, K, V, dtype=state_dtype or k.dtype, device=k.device)
     v_new = torch.empty_like(u)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=k.device) \
+        if output_final_state else None
     delta_h_fwd_kernel[(triton.cdiv(V, BV), B * H)](k, w, u, b, h, v_new, h0, ht, T, NT, H, K, V, chunk_size, BK, BV,
                                                      h0 is not None, output_final_state, dot_precision(u),
-                                                     num_warps=num_warps)
+                                                     num_warps=num_warps, **reset_args(docs))
     return h, v_new, ht
 
 
 def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tensor, A: torch.Tensor,
                 do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, scale: float, chunk_size: int,
                 BV: int | None = None, num_warps: int = 8, num_stages: int | None = None,
-                state_dtype: torch.dtype | None = None):
+                state_dtype: torch.dtype | None = None, docs: Documents | None = None):
     """A: [B, T, H, C] intra-chunk scores; do: [B, T, H, V]. Returns dh [B, NT, H, K, V] in state_dtype (default
     q's dtype; the gradient of the state leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None.
+    docs: packed documents as delta_h_fwd's (dht and dh0 [N, H, K, V]).
     num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory pipelined."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
     BK, BV = state_tiles(K, V, BV)
     dh = torch.empty(B, NT, H, K, V, dtype=state_dtype or q.dtype, device=q.device)
     dv_new = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
-    dh0 = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if need_dh0 else None
+    dh0 = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=q.device) \
+        if need_dh0 else None
     if num_stages is None:   # fp32 at K = V = 128: pipelined, the loop asked for 312 KB of shared memory (H100: 227)
         num_stages = 1 if do.element_size() == 4 and BK * BV > 4096 else 3
     delta_h_bwd_kernel[(triton.cdiv(V, BV), B * H)](q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
                                                      chunk_size, BK, BV, dht is not None, need_dh0,
-                                                     dot_precision(do), num_warps=num_warps, num_stages=num_stages)
+                                                     dot_precision(do), num_warps=num_warps, num_stages=num_stages,
+                                                     **reset_args(docs))
     return dh, dv_new, dh0
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from ops import backend_fn, varlen
+from ops import backend_fn
 from ops.gated_delta import chunk
 from ops.triton_utils import check_triton_device
 
@@ -23,10 +23,8 @@ def gated_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
                 scale: float | None = None, initial_state: torch.Tensor | None = None,
                 output_final_state: bool = False, chunk_size: int = 64,
                 cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The `chunk` backend's computation (shapes as ops.gated_delta.naive.gated_delta); cu_seqlens is refused."""
-    if cu_seqlens is not None:
-        raise varlen.refuse("gated_delta", "fused")
-    return chunk.gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size)
+    """The `chunk` backend's computation (shapes as ops.gated_delta.naive.gated_delta; cu_seqlens as there)."""
+    return chunk.gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size, cu_seqlens)
 
 
 def build(fuse: frozenset[str]) -> Callable:

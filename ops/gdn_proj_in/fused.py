@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn, varlen
+from ops import backend_fn
 from ops.proj.short_conv import conv_plan, short_conv
 from ops.triton_utils import check_dtypes, check_triton_device
 
@@ -48,9 +48,7 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     """Shapes as ops.gdn_proj_in.naive.gdn_proj_in: x [B, T, d]; w_q, w_k [H·K, d]; w_v, w_r [H·V, d];
     w_b, w_a [H, d]; conv_q, conv_k [H·K, 1, W]; conv_v [H·V, 1, W]; A_log, dt_bias (H,) → q, k [B, T, H, K],
     v [B, T, H, V] (x's dtype, or autocast's), g, β [B, T, H] fp32, r [B, T, H·V] (a view of the GEMM's output).
-    cu_seqlens (packed documents) is refused: the short conv kernels do not restart at document starts."""
-    if cu_seqlens is not None:
-        raise varlen.refuse("gdn_proj_in", "fused")
+    cu_seqlens (packed documents, B = 1): the short convolutions restart at each document (short_conv)."""
     check_dtypes("gdn_proj_in", "fused", x, w_q)
     B, T, d = x.shape
     H = n_heads
@@ -67,9 +65,9 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
         w_cat = torch.cat([w.to(dtype) for w in (w_q, w_k, w_v, w_r, w_b, w_a)])       # [N, d]
         y = x.to(dtype) @ w_cat.t()                                                      # [B, T, N], x read once
     yq, yk, yv, r, yb, ya = y.split([HK, HK, HV, HV, H, H], -1)
-    q = short_conv(yq, conv_q.flatten(1), None, head_dim=HK // H).view(B, T, H, -1)
-    k = short_conv(yk, conv_k.flatten(1), None, head_dim=HK // H).view(B, T, H, -1)
-    v = short_conv(yv, conv_v.flatten(1), None).view(B, T, H, -1)
+    q = short_conv(yq, conv_q.flatten(1), None, head_dim=HK // H, cu_seqlens=cu_seqlens).view(B, T, H, -1)
+    k = short_conv(yk, conv_k.flatten(1), None, head_dim=HK // H, cu_seqlens=cu_seqlens).view(B, T, H, -1)
+    v = short_conv(yv, conv_v.flatten(1), None, cu_seqlens=cu_seqlens).view(B, T, H, -1)
     beta = yb.float().sigmoid()                                                          # [B, T, H]
     g = -A_log.float().exp() * F.softplus(ya.float() + dt_bias)                          # [B, T, H]
     return q, k, v, g, beta, r

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.chunkwise.resets import reset_args, reset_fwd, store_last
+from ops.varlen import Documents
 from ops.gla.movement import MIN_BV, device_model, kernel_tiles
 from ops.triton_utils import dot_precision, row_offsets
 
@@ -62,7 +64,9 @@ def load_chunk_keys(q, k, b, p_tk, m_tk, p_bl, m_k):
 def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                           V: tl.constexpr, BT: tl.constexpr, NS: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                           MAXR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SAVE: tl.constexpr,
-                          PREC: tl.constexpr, SPLIT: tl.constexpr):
+                          PREC: tl.constexpr, SPLIT: tl.constexpr, reset=None, HAS_RESET: tl.constexpr = False):
+    """HAS_RESET (packed documents, B = 1; ops/chunkwise/resets.py): the state restarts at each document's first
+    chunk from h0 [N, H, K, V] or zero, and ht [N, H, K, V] gets each document's final state."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, BT)
@@ -73,10 +77,12 @@ def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.const
     m_kv = m_k[:, None] & m_v[None, :]
     p_state = (i_bh * K + o_k[:, None]) * V + o_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
+    if USE_H0 and not HAS_RESET:
         b_h += tl.load(h0 + p_state, mask=m_kv, other=0.0).to(tl.float32)
     causal = o_c[:, None] >= o_c[None, :]
     for i_t in range(NT):
+        if HAS_RESET:
+            b_h = reset_fwd(b_h, reset, h0, ht, i_t, i_h, o_k, o_v, m_kv, H, K, V, USE_H0, STORE_HT)
         o_t = i_t * BT + o_c
         m_t = o_t < T
         m_tk = m_t[:, None] & m_k[None, :]
@@ -114,12 +120,16 @@ def fused_scan_fwd_kernel(q, k, v, g, o, b, h, h0, ht, scale, T, NT, H: tl.const
                 b_h = b_h * tl.exp(b_gr)[:, None] + b_kr[:, None] * b_vr[None, :]
                 tl.store(o + p_v, (tl.sum(b_qr[:, None] * b_h, axis=0) * scale).to(o.dtype.element_ty), mask=m_v)
     if STORE_HT:
-        tl.store(ht + p_state, b_h, mask=m_kv)
+        if HAS_RESET:
+            store_last(b_h, reset, ht, NT, i_h, o_k, o_v, m_kv, H, K, V)
+        else:
+            tl.store(ht + p_state, b_h, mask=m_kv)
 
 
 def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
                    initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int, save: bool,
-                   max_range: float = MAX_RANGE, interval: int | None = None, **launch):
+                   max_range: float = MAX_RANGE, interval: int | None = None, docs: Documents | None = None,
+                   **launch):
     """q, k, g: [B, T, H, K] (g the per-step log-decay, ≤ 0); v: [B, T, H, V]; initial_state [B, H, K, V].
     Returns o [B, T, H, V] (v's dtype), the final state (fp32, or None), and with `save` the
     backward's b [B, T, H, K] fp32 (chunk-local cumsum of g) and h [B, cdiv(T, interval), H, K, V] (the
@@ -127,7 +137,8 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     v's dtype), else None, None.
     max_range < 0 forces the exact path everywhere (tests); launch may override BV (≥ MIN_BV on a GPU),
     num_warps, num_stages (sweeps). BV and num_warps come from the data-movement model (movement.kernel_tiles;
-    its choices at K = 64 and at K = 128, V = 256 match the best of H100 sweeps)."""
+    its choices at K = 64 and at K = 128, V = 256 match the best of H100 sweeps).
+    docs: packed documents in the chunk-aligned layout (B = 1; initial and final states [N, H, K, V])."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
     interval = interval or chunk_size
@@ -147,7 +158,8 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
         raise ValueError(f"fused_scan_fwd: BV = {BV} miscompiles on Hopper (Triton 3.6: wrong o or a fault without "
                          f"`save`); launch with BV >= {MIN_BV} (ops/gla/movement.py MIN_BV)")
     o = torch.empty_like(v)
-    ht = torch.empty(B, H, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=q.device) \
+        if output_final_state else None
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device) if save else None
     h = torch.empty(B, triton.cdiv(T, interval), H, K, V, dtype=v.dtype, device=q.device) if save else None
     h0 = initial_state.contiguous() if initial_state is not None else None
@@ -155,5 +167,6 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     grid = (triton.cdiv(V, BV), B * H)
     fused_scan_fwd_kernel[grid](q, k, v, g, o, b, h, h0, ht, scale, T, NT, H, K, V, chunk_size, interval // chunk_size,
                                 BK, BV, float(max_range), h0 is not None, output_final_state, save, dot_precision(v),
-                                v.dtype != torch.float32, **tiles)
+                                v.dtype != torch.float32, **tiles,
+                                **reset_args(docs))
     return o, ht, b, h

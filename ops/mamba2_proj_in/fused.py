@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn, varlen
+from ops import backend_fn
 from ops.proj.short_conv import conv_plan, short_conv
 from ops.triton_utils import check_dtypes, check_triton_device
 
@@ -39,9 +39,7 @@ def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, co
     """Shapes as ops.mamba2_proj_in.naive.mamba2_proj_in: u [B, T, d]; w_in [2·d_inner + 2·d_state + H, d];
     conv_w [d_inner + 2·d_state, 1, W]; conv_b [d_inner + 2·d_state] or None; dt_bias (H,) → z, x [B, T, d_inner],
     B, C [B, T, d_state] (the GEMM's dtype; z a view of its output, x, B, C views of the conv's), dt [B, T, H] fp32.
-    cu_seqlens (packed documents) is refused: the short conv kernel does not restart at document starts."""
-    if cu_seqlens is not None:
-        raise varlen.refuse("mamba2_proj_in", "fused")
+    cu_seqlens (packed documents, B = 1): the short convolution restarts at each document (short_conv)."""
     check_dtypes("mamba2_proj_in", "fused", u, w_in)
     H = dt_bias.shape[0]
     conv_dim = d_inner + 2 * d_state
@@ -49,7 +47,8 @@ def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, co
         raise ValueError(f"mamba2_proj_in: w_in {tuple(w_in.shape)}, conv_w {tuple(conv_w.shape)} do not agree with "
                          f"d_inner {d_inner}, d_state {d_state}, {H} heads")
     z, xBC, dt = F.linear(u, w_in).split([d_inner, conv_dim, H], -1)
-    x, Bm, Cm = short_conv(xBC, conv_w.flatten(1), conv_b).split([d_inner, d_state, d_state], -1)
+    x, Bm, Cm = short_conv(xBC, conv_w.flatten(1), conv_b, cu_seqlens=cu_seqlens).split([d_inner, d_state, d_state],
+                                                                                     -1)
     return z, x, Bm, Cm, F.softplus(dt.float() + dt_bias)
 
 

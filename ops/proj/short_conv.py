@@ -44,16 +44,31 @@ INTERPRET_BT, INTERPRET_BC = 8, 16
 
 
 @triton.jit
-def _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, W: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _taps(pos, rows, T, HAS_POS: tl.constexpr):
+    """Each row's position in its document ([BT, 1, 1]; packed documents, HAS_POS), or its row index: tap j of the
+    W-wide window reads x[t − (W−1) + j] only where this is ≥ W − 1 − j (the input before a document is 0)."""
+    if HAS_POS:
+        return tl.load(pos + rows, mask=rows < T, other=0)
+    return rows
+
+
+@triton.jit
+def _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, pos, W: tl.constexpr, HAS_BIAS: tl.constexpr,
+         HAS_POS: tl.constexpr):
     """pre[rows, cols] fp32 [BT, NH, HDP] for rows [BT, 1, 1] (int64) and cols [1, NH, HDP]; masked channels give
     pre = 0 (bias included only on valid channels). Rows ≥ T are not zeroed here (they still read the last valid
-    inputs): callers mask them through their loads of dy and their stores."""
+    inputs): callers mask them through their loads of dy and their stores. HAS_POS: pos (T,) int64, each row's
+    position in its document; taps before it read 0."""
     acc = tl.zeros([rows.shape[0], cols.shape[1], cols.shape[2]], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + cols, mask=cmask, other=0.0).to(tl.float32)
+    if HAS_POS:
+        at = _taps(pos, rows, T, HAS_POS)
     for j in tl.static_range(W):
         src = rows - (W - 1) + j
         m = (src >= 0) & (src < T) & cmask
+        if HAS_POS:
+            m = m & (at >= W - 1 - j)
         xv = tl.load(xb + src * sxt + cols, mask=m, other=0.0).to(tl.float32)
         acc += tl.load(w + cols * W + j, mask=cmask, other=0.0).to(tl.float32) * xv
     return acc
@@ -62,14 +77,14 @@ def _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, W: tl.constexpr, HAS_BIAS: t
 @triton.jit
 def short_conv_fwd_kernel(x, w, bias, y, T, C, sxb, sxt, eps, W: tl.constexpr, HD: tl.constexpr,
                           HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          NORM: tl.constexpr):
+                          NORM: tl.constexpr, pos=None, HAS_POS: tl.constexpr = False):
     """One program per (BT rows, NH heads of HD channels, batch): y[b, rows, cols] in y's dtype."""
     pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None, None]
     lane = tl.arange(0, HDP)[None, None, :]
     cols = pid_c * (NH * HD) + tl.arange(0, NH)[None, :, None] * HD + lane
     cmask = (lane < HD) & (cols < C)
-    pre = _pre(x, w, bias, x + b * sxb, rows, cols, cmask, T, sxt, W, HAS_BIAS)
+    pre = _pre(x, w, bias, x + b * sxb, rows, cols, cmask, T, sxt, pos, W, HAS_BIAS, HAS_POS)
     out = pre * tl.sigmoid(pre)
     if NORM:
         nrm = tl.sqrt(tl.sum(out * out, axis=2))[:, :, None]
@@ -78,10 +93,10 @@ def short_conv_fwd_kernel(x, w, bias, y, T, C, sxb, sxt, eps, W: tl.constexpr, H
 
 
 @triton.jit
-def _dpre(x, w, bias, dy, xb, yb, rows, cols, cmask, T, C, sxt, eps, W: tl.constexpr, HAS_BIAS: tl.constexpr,
-          NORM: tl.constexpr):
+def _dpre(x, w, bias, dy, xb, yb, rows, cols, cmask, T, C, sxt, eps, pos, W: tl.constexpr, HAS_BIAS: tl.constexpr,
+          NORM: tl.constexpr, HAS_POS: tl.constexpr):
     """∂loss/∂pre at rows [BT, 1, 1] ≥ 0, recomputed from x; 0 at rows ≥ T and masked channels."""
-    pre = _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, W, HAS_BIAS)
+    pre = _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, pos, W, HAS_BIAS, HAS_POS)
     sg = tl.sigmoid(pre)
     g = tl.load(yb + rows * C + cols, mask=(rows < T) & cmask, other=0.0).to(tl.float32)
     if NORM:
@@ -97,9 +112,10 @@ def _dpre(x, w, bias, dy, xb, yb, rows, cols, cmask, T, C, sxt, eps, W: tl.const
 @triton.jit
 def short_conv_bwd_kernel(x, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps, W: tl.constexpr, HD: tl.constexpr,
                           HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          NORM: tl.constexpr):
+                          NORM: tl.constexpr, pos=None, HAS_POS: tl.constexpr = False):
     """One program per (BT rows, NH heads, batch): dx[b, rows, cols] in dx's dtype, and this program's
-    partial sums dw[p, cols, :W], db[p, cols] (fp32) over its own rows, p = b·cdiv(T, BT) + pid_t."""
+    partial sums dw[p, cols, :W], db[p, cols] (fp32) over its own rows, p = b·cdiv(T, BT) + pid_t.
+    HAS_POS: the forward's document masks, on every tap of dx and dw."""
     pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None, None]
     lane2 = tl.arange(0, HDP)[None, :]
@@ -110,14 +126,21 @@ def short_conv_bwd_kernel(x, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps, W: tl
     p = b * tl.num_programs(0) + pid_t
     acc = tl.zeros([BT, NH, HDP], dtype=tl.float32)
     for s in tl.static_range(W):                      # dpre at rows + s feeds dx[rows] through w[:, W−1−s]
-        dp = _dpre(x, w, bias, dy, xb, yb, rows + s, cols, cmask, T, C, sxt, eps, W, HAS_BIAS, NORM)
-        acc += tl.load(w + cols * W + (W - 1 - s), mask=cmask, other=0.0).to(tl.float32) * dp
+        dp = _dpre(x, w, bias, dy, xb, yb, rows + s, cols, cmask, T, C, sxt, eps, pos, W, HAS_BIAS, NORM, HAS_POS)
+        if HAS_POS:                                   # ... unless row + s lies less than s into its document
+            dp_x = tl.where(_taps(pos, rows + s, T, HAS_POS) >= s, dp, 0.0)
+        else:
+            dp_x = dp
+        acc += tl.load(w + cols * W + (W - 1 - s), mask=cmask, other=0.0).to(tl.float32) * dp_x
         if s == 0:                                    # the block's own rows: this program's dw, db terms
             if HAS_BIAS:
                 tl.store(db + p * C + cols2, tl.sum(dp, axis=0), mask=cmask2)
             for j in tl.static_range(W):
                 src = rows - (W - 1) + j
-                xv = tl.load(xb + src * sxt + cols, mask=(src >= 0) & (src < T) & cmask, other=0.0)
+                m = (src >= 0) & (src < T) & cmask
+                if HAS_POS:
+                    m = m & (_taps(pos, rows, T, HAS_POS) >= W - 1 - j)
+                xv = tl.load(xb + src * sxt + cols, mask=m, other=0.0)
                 tl.store(dw + (p * C + cols2) * W + j, tl.sum(dp * xv.to(tl.float32), axis=0), mask=cmask2)
     tl.store(dx + (b * T + rows) * C + cols, acc.to(dx.dtype.element_ty), mask=(rows < T) & cmask)
 
@@ -141,15 +164,16 @@ def conv_plan(C: int, head_dim: int | None, device: torch.device) -> str:
 
 
 def _fwd_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, head_dim: int | None,
-              out_dtype: torch.dtype) -> torch.Tensor:
+              out_dtype: torch.dtype, pos: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape, dtype=out_dtype)
 
 
 @kernel_op("short_conv_fwd", _fwd_fake)
 def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, head_dim: int | None,
-                   out_dtype: torch.dtype) -> torch.Tensor:
+                   out_dtype: torch.dtype, pos: torch.Tensor | None) -> torch.Tensor:
     """x [B, T, C] with unit channel stride (any row and batch stride); weight [C, W] contiguous; bias (C,)
-    contiguous or None → y [B, T, C] contiguous in out_dtype (fp32 math)."""
+    contiguous or None → y [B, T, C] contiguous in out_dtype (fp32 math). pos (T,) int64 or None: packed
+    documents (B = 1), each token's position in its document."""
     B, T, C = x.shape
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
     y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
@@ -157,19 +181,24 @@ def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     grid = (triton.cdiv(T, tiles["BT"]), nc, B)
     short_conv_fwd_kernel[grid](x, weight, weight if bias is None else bias, y, T, C, x.stride(0), x.stride(1),
                                 EPS, W=weight.shape[1], HAS_BIAS=bias is not None, NORM=head_dim is not None,
-                                **tiles, **warps)
+                                **tiles, **warps, **_pos_args(pos))
     return y
 
 
+def _pos_args(pos: torch.Tensor | None) -> dict:
+    """The kernels' document-mask arguments: none without packed documents (the plain kernels compile as before)."""
+    return {} if pos is None else dict(pos=pos, HAS_POS=True)
+
+
 def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-              head_dim: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              head_dim: int | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     db = absent(weight) if bias is None else bias.new_empty(bias.shape)
     return x.new_empty(x.shape), weight.new_empty(weight.shape), db
 
 
 @kernel_op("short_conv_bwd", _bwd_fake)
 def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                   head_dim: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   head_dim: int | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy [B, T, C]; x, weight, bias as short_conv_fwd's (x as saved: the forward's strided input) → dx [B, T, C]
     in x's dtype, dweight [C, W] in weight's, dbias (C,) in bias's (0 elements without a bias), all contiguous.
     The pre-activation is recomputed from x; dweight and dbias are the fp32 per-program partial sums, summed here."""
@@ -183,23 +212,23 @@ def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
     short_conv_bwd_kernel[(nt, nc, B)](x, weight, weight if bias is None else bias, dy.contiguous(), dx, dw, db,
                                        T, C, x.stride(0), x.stride(1), EPS, W=W, HAS_BIAS=bias is not None,
-                                       NORM=head_dim is not None, **tiles, **warps)
+                                       NORM=head_dim is not None, **tiles, **warps, **_pos_args(pos))
     dbias = db.sum(0).to(bias.dtype) if bias is not None else absent(weight)
     return dx, dw.sum(0).to(weight.dtype), dbias
 
 
 def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
-    x, weight, bias, head_dim, _ = inputs
-    ctx.save_for_backward(x, weight, bias)            # x as given: a view of the wider GEMM output, not a copy
+    x, weight, bias, head_dim, _, pos = inputs
+    ctx.save_for_backward(x, weight, bias, pos)       # x as given: a view of the wider GEMM output, not a copy
     ctx.head_dim = head_dim
 
 
 def _backward(ctx, dy: torch.Tensor) -> tuple:
     """No second-order terms: short_conv_bwd has no gradient of its own, so a double backward raises."""
-    x, weight, bias = ctx.saved_tensors
+    x, weight, bias, pos = ctx.saved_tensors
     (dy,) = contiguous(dy)
-    dx, dw, db = short_conv_bwd(dy, x, weight, bias, ctx.head_dim)
-    return dx, dw, maybe(db, bias is not None), None, None
+    dx, dw, db = short_conv_bwd(dy, x, weight, bias, ctx.head_dim, pos)
+    return dx, dw, maybe(db, bias is not None), None, None, None
 
 
 short_conv_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -236,9 +265,8 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     tensor in out_dtype (default x.dtype); with head_dim (any divisor of C; padded to a power of two inside
     the kernels), each group of head_dim channels is then L2-normalised like F.normalize(eps=1e-6):
     y / max(‖y‖, eps). All math in fp32. Gradients: dx [B, T, C] in x's dtype, dweight, dbias in theirs.
-    cu_seqlens (packed documents) is refused: the kernels do not mask at document starts (short_conv_ref does)."""
-    if cu_seqlens is not None:
-        raise varlen.refuse("short_conv", "fused")
+    cu_seqlens (packed documents, B = 1): x counts as 0 before each document's first token, as in
+    short_conv_ref; the kernels mask each tap by the token's position in its document (varlen.positions)."""
     if x.dim() != 3 or x.stride(-1) != 1:
         raise ValueError(f"short_conv: x must be [B, T, C] with unit channel stride, got shape {tuple(x.shape)} "
                          f"strides {x.stride()}")
@@ -255,5 +283,9 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise RuntimeError("short_conv: the Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 on CPU)")
     if B == 0 or T == 0 or C == 0:
         raise ValueError(f"short_conv: empty input {tuple(x.shape)}")
+    pos = None
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, B, T, "short_conv")
+        pos = varlen.positions(cu_seqlens, T)
     return short_conv_fwd(x, weight.contiguous(), None if bias is None else bias.contiguous(), head_dim,
-                          out_dtype or x.dtype)
+                          out_dtype or x.dtype, pos)

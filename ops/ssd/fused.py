@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from ops import backend_fn, varlen
+from ops import backend_fn
 from ops.chunkwise.decay_attention import CHUNK_SIZES
 from ops.ssd import chunk
 from ops.triton_utils import check_triton_device
@@ -24,10 +24,10 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
         initial_state: torch.Tensor | None = None, output_final_state: bool = False,
         chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every fused component this op has (state). Shapes as ops.ssd.naive.ssd; cu_seqlens is refused."""
-    if cu_seqlens is not None:
-        raise varlen.refuse("ssd", "fused")
-    return chunk.ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state, chunk_size, split_state=True)
+    """Every fused component this op has (state). Shapes as ops.ssd.naive.ssd; cu_seqlens as the `chunk`
+    backend's (packed documents run the state pass unsplit)."""
+    return chunk.ssd_decay_attention(x, dt, A, B, C, initial_state, output_final_state, chunk_size, split_state=True,
+                                     cu_seqlens=cu_seqlens)
 
 
 def build(fuse: frozenset[str]) -> Callable:

@@ -105,7 +105,7 @@ def test_word_perplexity_reads_the_plain_stream(tmp_path, monkeypatch):
 
 
 @pytest.mark.usefixtures("fresh_accelerate_state")
-def test_a_packed_run_trains_on_naive_and_refuses_triton_backends(tmp_path, bpe_file):
+def test_a_packed_run_trains_on_naive_and_chunk_and_gpt2_fused_is_refused(tmp_path, bpe_file):
     import train
     from config import ConfigError
 
@@ -118,5 +118,9 @@ def test_a_packed_run_trains_on_naive_and_refuses_triton_backends(tmp_path, bpe_
             "--train.eval_interval=2", "--train.eval_batches=1", "--train.progress=false"]
     result = train.main(args)
     assert result["steps"] == 2 and np.isfinite(result["loss"]) and np.isfinite(result["val_loss"])
-    with pytest.raises(ConfigError, match="data.varlen.*--backend naive or fla"):
-        train.main(args + ["--backend", "chunk", "--train.name=chunk"])
+    from tests.helpers import reset_accelerate
+    reset_accelerate()
+    chunk = train.main(args + ["--backend", "chunk", "--train.name=chunk"])
+    assert chunk["steps"] == 2 and abs(chunk["loss"] - result["loss"]) <= 1e-4 * abs(result["loss"])
+    with pytest.raises(ConfigError, match="data.varlen.*GPT-2's attention.*--backend naive or fla"):
+        train.main(args + ["--backend", "fused", "--model.family=gpt2", "--train.name=gpt2"])

@@ -101,8 +101,8 @@ def test_chunks_of_256_keep_every_fourth_state(forward, inputs, device, poison_e
     monkeypatch.setattr("ops.gla.fused.scan_pays", lambda *a: forward == "scan")
     kept = []
     real = chunk_h.chunk_fwd_h_from
-    monkeypatch.setattr("ops.gla.fused.chunk_fwd_h_from", lambda k, v, b, h, *a: kept.append(h.shape[1]) or
-                        real(k, v, b, h, *a))
+    monkeypatch.setattr("ops.gla.fused.chunk_fwd_h_from", lambda k, v, b, h, *a, **kw: kept.append(h.shape[1]) or
+                        real(k, v, b, h, *a, **kw))
     if inputs == "switching":
         args, tol = switching_inputs(device, B=2, T=600, H=1, K=20, V=6, chunk=64), 1e-5
     else:   # steps of −50 sum to |b| ~ 3200 within a sub-block, whose fp32 ulp fp32_bound adds (as at C = 64)

@@ -1,4 +1,6 @@
-"""The projection and fused-scan kernels lower to sm_90 (Hopper) code on a machine without a GPU.
+"""The projection and fused-scan kernels lower to sm_90 (Hopper) code on a machine without a GPU; so do the state
+passes' and short conv's packed-document variants ('#docs': HAS_RESET, HAS_POS), opt-in and so absent from
+scripts/check_sm80.py's training-step capture.
 
 The interpreter that runs the other Triton tests on CPU executes kernels as Python and never type-checks
 them. Triton's compiler does, and a kernel that is right under the interpreter can fail to compile: a
@@ -58,7 +60,7 @@ KERNELS = {
         {"q": BF16, "k": BF16, "v": BF16, "g": F32, "o": BF16, "b": F32, "h": BF16, "h0": F32, "ht": F32},
         ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "NS": 4, "BK": 32, "BV": 32,
                                   "MAXR": 64.0, "USE_H0": True, "STORE_HT": True, "SAVE": True, "PREC": "tf32",
-                                  "SPLIT": True}),
+                                  "SPLIT": True, "reset": None, "HAS_RESET": False}),
     "ops.gla.scan_bwd.fused_scan_bwd_dqk_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "b": F32, "h": BF16, "do": BF16, "dh": BF16, "dq": BF16, "dk": BF16,
          "dv": BF16, "db": F32}, ("T", "NT"), ("scale",),
@@ -72,12 +74,26 @@ KERNELS = {
         {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "MAXR": 64.0, "PREC": "tf32", "SPLIT": True}),
     "ops.proj.short_conv.short_conv_fwd_kernel": (
         {"x": BF16, "w": F32, "bias": F32, "y": BF16}, ("T", "C", "sxb", "sxt"), ("eps",),
-        {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True}),
+        {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True, "pos": None,
+         "HAS_POS": False}),
     "ops.proj.short_conv.short_conv_bwd_kernel": (
         {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dx": BF16, "dw": F32, "db": F32},
         ("T", "C", "sxb", "sxt"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
-                                              "NORM": True}),
+                                              "NORM": True, "pos": None, "HAS_POS": False}),
 }
+
+
+def _with_docs(name: str, ptrs: dict, consts: dict, base: tuple | None = None) -> None:
+    """kernel#docs: the packed-document variant of a kernel listed (or of `base`), its reset (or pos) a pointer."""
+    base_ptrs, ints, floats, base_consts = base or KERNELS[name]
+    flag = "HAS_POS" if "HAS_POS" in base_consts else "HAS_RESET"
+    consts = {k: v for k, v in {**base_consts, **consts, flag: True}.items() if k not in ptrs}
+    KERNELS[name.split("#")[0] + "#docs"] = ({**base_ptrs, **ptrs}, ints, floats, consts)
+
+
+_with_docs("ops.gla.scan.fused_scan_fwd_kernel", {"reset": "*i32"}, {})
+_with_docs("ops.proj.short_conv.short_conv_fwd_kernel", {"pos": "*i64"}, {})
+_with_docs("ops.proj.short_conv.short_conv_bwd_kernel", {"pos": "*i64"}, {})
 # the state scan's kernels, with per-step (STEP, bf16) and cumulative (fp32) decays; '#' names a variant
 _STATE = {"S": 2, "H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "PREC": "tf32"}
 for _scalar, _step in [(False, True), (True, True), (False, False), (True, False)]:
@@ -85,13 +101,28 @@ for _scalar, _step in [(False, True), (True, True), (False, False), (True, False
     _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
     KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = (
         {"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
-        {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False})
+        {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False})
     KERNELS["ops.chunkwise.state.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
-        ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True})
+        ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True, "reset": None, "HAS_RESET": False})
     KERNELS["ops.chunkwise.state.state_fixup_kernel" + _tag] = (
         {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
         {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
+# packed documents: the unsplit scan (S = 1) and the backward's seeded recompute
+_with_docs("ops.chunkwise.state.chunk_fwd_h_kernel#gk-cumsum", {"reset": "*i32", "hd": F32}, {"S": 1})
+_with_docs("ops.chunkwise.state.chunk_bwd_dh_kernel#scalar-cumsum", {"reset": "*i32"}, {"S": 1})
+KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs-seeded"] = (
+    {k: t for k, t in KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][0].items() if k not in ("ht", "lam")},
+    ("T", "NT", "NS"), (), {**KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][3], "SEEDED": True,
+                            "STORE_HT": False, "S": 4, "ht": None, "lam": None})
+# the delta rule's state passes, their packed-document variants only (the plain ones run through check_sm80.py)
+_with_docs("ops.gated_delta.delta_state.delta_h_fwd_kernel", {"reset": "*i32"}, {}, (
+    {"k": BF16, "w": BF16, "u": BF16, "b": F32, "h": BF16, "v_new": BF16, "h0": F32, "ht": F32}, ("T", "NT"), (),
+    {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "USE_H0": True, "STORE_HT": True, "PREC": "tf32"}))
+_with_docs("ops.gated_delta.delta_state.delta_h_bwd_kernel", {"reset": "*i32"}, {}, (
+    {"q": BF16, "k": BF16, "w": BF16, "b": F32, "A": BF16, "do": BF16, "dh": BF16, "dv_new": F32, "dht": F32,
+     "dh0": F32}, ("T", "NT"), ("scale",),
+    {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "USE_DHT": True, "STORE_DH0": True, "PREC": "tf32"}))
 
 SCRIPT = r"""
 import importlib, json, sys
