@@ -83,14 +83,16 @@ TINY = {"gla": dict(d_model=32, n_heads=2, head_k_dim=8, head_v_dim=16, gate_low
 
 @pytest.mark.parametrize("backend", ["chunk", "fused"])
 @pytest.mark.parametrize("name", list(TINY))
-def test_triton_packed_window_equals_naive_documents(name, backend):
-    """fp32: the Triton model on the packed batch against the naive model (same weights) on each document."""
+@pytest.mark.usefixtures("exact_fp32_matmuls", "exact_fp32_convs")
+def test_triton_packed_window_equals_naive_documents(name, backend, device):
+    """fp32: the Triton model on the packed batch against the naive model (same weights) on each document, both on
+    `device` (the GPU when present, else the CPU under the interpreter)."""
     kw = dict(family=name, n_layers=1, vocab_size=64, chunk_size=16, max_seq_len=T, **TINY[name])
     torch.manual_seed(0)
-    ref_model = build_model(ModelConfig(**kw))
-    model = build_model(ModelConfig(**kw, backend=backend))
+    ref_model = build_model(ModelConfig(**kw)).to(device)
+    model = build_model(ModelConfig(**kw, backend=backend)).to(device)
     model.load_state_dict(ref_model.state_dict())
-    x, y, cu = packed_batch()
+    x, y, cu = (t.to(device) for t in packed_batch())
     logits, _ = model(x, y, cu_seqlens=cu)
     loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
     grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
