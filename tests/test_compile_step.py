@@ -145,3 +145,29 @@ def test_block_scope_compiles_one_block_for_all_and_equals_eager(ckpt):
     finally:
         torch._dynamo.reset()
     assert resolve_compile(settings("fused", compile="true", compile_scope="blocks"), "cuda", True)[0]
+
+
+def test_block_scope_compiles_under_fsdp2_and_equals_eager():
+    """compile_scope=blocks after FSDP2 has sharded the model (train.py compiles the prepared model): each compiled
+    block forward runs between FSDP2's unshard and reshard hooks, and loss and gradients equal the sharded eager
+    model's (one gloo process on a CPU mesh)."""
+    import copy
+
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from tests.test_activation_checkpointing import fsdp2_shard, loss_and_grads, one_process_group, tiny_model
+    from utils.compile import compile_blocks
+
+    base = tiny_model("gla")
+    aot = lookup_backend("aot_eager_decomp_partition")
+    graphs = []
+    try:
+        with one_process_group():
+            ref_loss, ref = loss_and_grads(fsdp2_shard(copy.deepcopy(base)))
+            sharded = fsdp2_shard(copy.deepcopy(base))
+            compile_blocks(sharded, lambda gm, ex: graphs.append(gm) or aot(gm, ex))
+            got_loss, got = loss_and_grads(sharded)
+    finally:
+        torch._dynamo.reset()
+    assert graphs and abs(got_loss - ref_loss) <= 1e-5 * abs(ref_loss)
+    assert all(torch.allclose(g.full_tensor(), ref[n].full_tensor(), rtol=1e-5, atol=1e-7) for n, g in got.items())
