@@ -146,18 +146,19 @@ def compile_launch(launch: dict, cc: int) -> dict:
             "num_warps": options.get("num_warps", 4), "num_stages": options.get("num_stages", 3)}
 
 
-def compile_all(launches: list[dict]) -> list[dict]:
-    """Run in a process without TRITON_INTERPRET (the kernels must be JITFunctions): one row per launch."""
+def compile_all(launches: list[dict], archs: tuple[int, ...] = (80, 90)) -> list[dict]:
+    """Run in a process without TRITON_INTERPRET (the kernels must be JITFunctions): one row per launch, compiled
+    for each compute capability in archs."""
     import triton
     from tqdm import tqdm
 
     triton.knobs.compilation.always_compile = True     # a cached kernel would skip ptxas and its log
     triton.knobs.nvidia.dump_ptxas_log = True          # Triton's own ptxas run prints its -v report
     rows = []
-    for launch in tqdm(launches, desc="compile sm80, sm90", unit="launch"):
+    for launch in tqdm(launches, desc="compile " + ", ".join(f"sm{cc}" for cc in archs), unit="launch"):
         row = {k: launch[k] for k in ("module", "kernel", "users", "args")}
         try:
-            row.update(sm80=compile_launch(launch, 80), sm90=compile_launch(launch, 90))
+            row.update({f"sm{cc}": compile_launch(launch, cc) for cc in archs})
         except Exception as e:            # reported per launch: one kernel that does not compile is a finding
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         rows.append(row)
@@ -203,10 +204,11 @@ def to_markdown(rows: list[dict], skipped: list[str], env: dict, command: str) -
         if "error" in r:
             lines.append(f"| {name} | | | | | | | compile error: {r['error']} | {', '.join(r['users'])} |")
             continue
-        a, h = r["sm80"], r["sm90"]
+        a, h = r["sm80"], r.get("sm90")
         tiles = " ".join(f"{k}={v}" for k, v in a["tiles"].items())
+        sm90 = f"{h['shared']:,} | {h['registers']}, {h['spill_bytes']}" if h else "— | —"
         lines.append(f"| {name} | {tiles} | {a['num_warps']}, {a['num_stages']} | {a['shared']:,} | "
-                     f"{a['registers']}, {a['spill_bytes']} | {h['shared']:,} | {h['registers']}, {h['spill_bytes']} | "
+                     f"{a['registers']}, {a['spill_bytes']} | {sm90} | "
                      f"{'yes' if a['shared'] <= LIMITS[80] else '**no**'} | {', '.join(sorted(set(r['users'])))} |")
     lines += [""] + [f"- not captured: {s}" for s in skipped]
     lines += ["", "Registers and spills are what this Triton's ptxas reports; a GPU with another Triton version "
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--kernels", help="comma-separated kernel names: compile only their launches (default: all)")
     p.add_argument("--compile-with", default=sys.executable, metavar="PYTHON",
                    help="the Python whose Triton compiles (e.g. a venv with the GPU machine's Triton version)")
+    p.add_argument("--sm80-only", action="store_true", help="compile for the A100 alone (half the compile time)")
     p.add_argument("--capture", nargs=2, metavar=("CONFIG", "BACKEND"), help=argparse.SUPPRESS)   # subprocesses
     p.add_argument("--compile", metavar="LAUNCHES_JSON", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.compile:
         import triton
 
-        rows = compile_all(json.loads(Path(args.compile).read_text()))
+        rows = compile_all(json.loads(Path(args.compile).read_text()), (80,) if args.sm80_only else (80, 90))
         print(json.dumps({"triton": triton.__version__, "rows": rows}))
         return []
     configs = args.configs.split(",")
@@ -255,8 +258,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         json.dump(list(launches.values()), f)
         f.flush()
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        r = subprocess.run([args.compile_with, __file__, "--compile", f.name], stdout=subprocess.PIPE, text=True,
-                           env=env, cwd=ROOT)
+        r = subprocess.run([args.compile_with, __file__, "--compile", f.name] + ["--sm80-only"] * args.sm80_only,
+                           stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     if r.returncode:
         sys.exit(f"error: the compile step failed (exit {r.returncode}); its messages are above")
     compiled = json.loads(r.stdout.strip().splitlines()[-1])
