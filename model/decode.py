@@ -206,16 +206,16 @@ class GraphedStep:
         self.cache, self.tokens = cache, tokens.clone()
         saved = [{n: t.clone() for n, t in layer.items()} for layer in cache.layers]
         pos, slot, max_pos = cache.pos.clone(), cache.slot, cache.max_pos
-        amp = torch.is_autocast_enabled("cuda")
-        self._amp = dict(device_type="cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=amp, cache_enabled=False)
+        amp = dict(device_type="cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
+                   cache_enabled=False)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.autocast(**self._amp):
+        with torch.cuda.stream(side), torch.autocast(**amp):
             for _ in range(2):
                 step(model, self.tokens, cache)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.autocast(**self._amp):
+        with torch.cuda.graph(self.graph), torch.autocast(**amp):
             self.logits = step(model, self.tokens, cache)
         for layer, kept in zip(cache.layers, saved):
             for n, t in kept.items():

@@ -19,9 +19,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model.common import CausalLM, resolve_op
 from model.config import ModelConfig, ModelConfigError
-
-DECODE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 from model.decode import DecodeCache
+
+# the decode step's attention: kernels that take any key length as it comes (cuDNN's builds a plan per length)
+DECODE_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class GeluMLP(nn.Module):
@@ -69,9 +70,7 @@ class MHA(nn.Module):
         cache["k"][:, :, ctx.slot] = k
         cache["v"][:, :, ctx.slot] = v
         keep = ctx.keep()
-        # every step has a new key length S, for which cuDNN's SDPA (the H100's default) builds a new plan (about
-        # 5 ms a layer); flash and memory-efficient attention take any length as it comes
-        with sdpa_kernel(DECODE_SDPA):
+        with sdpa_kernel(DECODE_SDPA):                 # a new key length S every step
             o = F.scaled_dot_product_attention(q[:, :, None], cache["k"][:, :, :S], cache["v"][:, :, :S],
                                                attn_mask=None if keep is None else keep[:, None, None])  # [B, H, 1, D]
         return self.proj(o.reshape(B, 1, d))

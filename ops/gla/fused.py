@@ -209,16 +209,12 @@ def _op(fuse_chunk: bool, split_state: bool) -> Callable:
         state pass unsplit)."""
         check_dtypes("gla", "fused", q, k, v)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
-        if cu_seqlens is not None and fuse_chunk:
-            return varlen.run_chunk_aligned(
-                "gla", cu_seqlens, sub_block(chunk_size), initial_state, (q, k, v, gk),
-                lambda q, k, v, gk, docs: fused_chunk_gla(q, k, v, gk, scale, initial_state, output_final_state,
-                                                          chunk_size, False, docs=docs))
         if cu_seqlens is not None:
+            run = functools.partial(fused_chunk_gla, split_state=False) if fuse_chunk else chunk_decay_attention
             return varlen.run_chunk_aligned(
-                "gla", cu_seqlens, chunk_size, initial_state, (q, k, v, gk),
-                lambda q, k, v, gk, docs: chunk_decay_attention(q, k, v, gk, scale, initial_state,
-                                                                output_final_state, chunk_size, docs=docs))
+                "gla", cu_seqlens, sub_block(chunk_size) if fuse_chunk else chunk_size, initial_state, (q, k, v, gk),
+                lambda q, k, v, gk, docs: run(q, k, v, gk, scale, initial_state, output_final_state, chunk_size,
+                                              docs=docs))
         if fuse_chunk:
             return fused_chunk_gla(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state)
         return chunk_decay_attention(q, k, v, gk, scale, initial_state, output_final_state, chunk_size, split_state)
