@@ -11,6 +11,8 @@ fused[state]@optim.lr=3e-4; values without commas), so that a setting's effect i
 floor: --floor-backend (default: the reference; `none` disables) again with its micro-batch split in two and twice
 the accumulation (the same rows per step, summed in another order), at the same seeds, paired with that spec's own
 runs: the drift of two correct runs.
+One spec alone (--backends fused) trains only it and its floor: how far a recipe's correct runs drift apart,
+to choose a setting by (--model.o_norm_eps, --optim.lr) before comparing backends under it.
 
 Per spec, Δ_s = final validation loss − the reference's at seed s; reported: the mean Δ, its sample sd, the 90 %
 Student t interval (infinite for one seed) and the TOST p-value, the floor's, the slope of the validation loss over
@@ -90,6 +92,9 @@ def main(argv: list[str] | None = None) -> dict:
     floor_spec = {None: texts[0], "none": None}.get(args.floor_backend, args.floor_backend)
     if floor_spec is not None and floor_spec not in texts:
         raise ConfigError(f"--floor-backend {floor_spec!r} is not one of --backends ({', '.join(texts)}) nor none")
+    if len(texts) == 1 and floor_spec is None:
+        raise ConfigError(f"--backends {texts[0]} alone compares nothing: add a backend to compare with it, or drop "
+                          "--floor-backend none to measure its noise floor (it against itself re-summed)")
     runs_.preflight(args.config, overrides, flags, specs)
     cfg = load_config(args.config, overrides)
     seeds = [cfg.train.seed + i for i in range(args.seeds)]

@@ -170,8 +170,9 @@ def test_run_specs_and_floor_overrides():
         runs.parse_spec("naive@train.seed=3")
     with pytest.raises(BackendError, match="only 'fused' takes components"):
         runs.parse_spec("chunk[state]@optim.lr=1")
-    with pytest.raises(ConfigError, match="two or more distinct"):
+    with pytest.raises(ConfigError, match="distinct run specs"):
         runs.split_specs("naive,naive")
+    assert [s.text for s in runs.split_specs("fused")] == ["fused"]          # alone: its floor only
     assert runs.floor_overrides("configs/smoke.yaml", ["--train.micro_batch_size=4"], 4) == [
         "--train.micro_batch_size=1", "--train.grad_accum=4", "--train.eval_batches=64"]
     for split in (1, 3):
@@ -268,6 +269,8 @@ def test_settings_and_backends_are_checked_before_any_training(tmp_path, monkeyp
         main(base + ["--train.max_steps", "30"])
     with pytest.raises(ConfigError, match="--seeds, --steps and --eval-interval must be 1 or more"):
         main(base + ["--seeds", "0"])
+    with pytest.raises(ConfigError, match="alone compares nothing"):
+        main(base + ["--backends", "naive", "--floor-backend", "none"])
     with pytest.raises(ConfigError, match="--floor-backend 'fla' is not one of --backends"):
         main(base + ["--floor-backend", "fla"])
     with pytest.raises(ConfigError, match="the floor splits the micro-batch"):
