@@ -44,13 +44,15 @@ OPS = {
 }
 
 
-def backend_fns(op: str) -> list[tuple[str, object]]:
+def backend_fn(op: str, backend: str):
+    """op's function on one backend (naive at chunk size C, its step-by-step recurrence, or fla at 64)."""
     mod, recurrent = OPS[op][:2]
-    fns = [("naive", lambda **kw: getattr(mod, op)(**kw, chunk_size=C)), ("recurrent", recurrent)]
-    if fla_ready():
-        fla = importlib.import_module(f"ops.{op}.fla")
-        fns.append(("fla", lambda **kw: getattr(fla, op)(**kw, chunk_size=64)))
-    return fns
+    if backend == "naive":
+        return lambda **kw: getattr(mod, op)(**kw, chunk_size=C)
+    if backend == "recurrent":
+        return recurrent
+    fla = importlib.import_module(f"ops.{op}.fla")
+    return lambda **kw: getattr(fla, op)(**kw, chunk_size=64)
 
 
 def packed(fn, inputs: dict, h0: torch.Tensor | None, cu: torch.Tensor, final: bool, cotangents=None):
@@ -96,18 +98,37 @@ def assert_matches(name: str, names: list[str], got, ref) -> None:
         assert rel(g, r) <= TOL, f"{name}: d{k} {rel(g, r):.2e}"
 
 
+@pytest.mark.parametrize("backend", ["naive", "recurrent", "fla"])
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.usefixtures("exact_fp32_matmuls")
-def test_packed_equals_documents_one_by_one(op, with_state, device):
+def test_packed_equals_documents_one_by_one(op, with_state, backend, device):
+    """naive and the recurrence: packed equals alone within TOL. fla's fp32 kernels round their dot operands to
+    TF32, so its packed and lone runs differ at that scale: the packed run must be no further from naive's
+    documents alone than fla's own lone run is (twice that distance, plus TOL); a leaked state is off by O(1)."""
+    if backend == "fla" and not fla_ready():
+        pytest.skip("fla's cells need flash-linear-attention and a CUDA GPU")
     mod, recurrent, shape, seq, state = OPS[op]
     L, N = sum(LENGTHS), len(LENGTHS)
     inputs = mod.make_inputs({**shape, "T": L}, device=device, seed=None, decay="realistic")
     h0 = torch.randn(N, *state, device=device, requires_grad=True) if with_state else None
     cu = offsets(LENGTHS).to(device)
-    for name, fn in backend_fns(op):
+    fn, names = backend_fn(op, backend), list(inputs) + ["h0"]
+    try:
         o, S, grads, cot = packed(fn, inputs, h0, cu, True)
-        assert_matches(name, list(inputs) + ["h0"], (o, S, grads), alone(fn, op, inputs, h0, cu, True, cot))
+        lone = alone(fn, op, inputs, h0, cu, True, cot)
+    except RuntimeError as e:
+        if backend == "fla" and "3.7.1" in str(e):             # its gated backward on Hopper (fla issue #640)
+            pytest.skip(f"fla refuses this backward here: {str(e).splitlines()[0]}")
+        raise
+    if backend != "fla":
+        assert_matches(backend, names, (o, S, grads), lone)
+        return
+    truth = alone(backend_fn(op, "naive"), op, inputs, h0, cu, True, cot)
+    for k, got, own, ref in zip(["o", "S"] + names, [o, S, *grads], [lone[0], lone[1], *lone[2]],
+                                [truth[0], truth[1], *truth[2]]):
+        bound = 2 * rel(own, ref) + TOL
+        assert rel(got, ref) <= bound, f"fla {k}: packed {rel(got, ref):.2e}, alone {rel(own, ref):.2e}"
 
 
 def triton_fns(op: str) -> dict:
