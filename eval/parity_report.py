@@ -40,10 +40,17 @@ def summarize(runs: dict[str, dict[int, Path]], pairs: dict[str, str], floor: st
                          "test": tests[name][seed]}
         curves[name] = {"seeds": per, "val_slope_mean": float(np.mean([r["val_slope"] for r in per.values()])),
                         "final_val_loss_mean": float(np.mean([r["final_val_loss"] for r in per.values()]))}
-    # paired over the seeds both runs finished (a failed run leaves its seed out of its comparisons only)
-    pairs = {name: base for name, base in pairs.items() if set(runs.get(name, ())) & set(runs.get(base, ()))}
-    deltas = {name: [curves[name]["seeds"][s]["final_val_loss"] - curves[base]["seeds"][s]["final_val_loss"]
-                     for s in runs[name] if s in runs[base]] for name, base in pairs.items()}
+    return curves, compare(curves, pairs, floor, windows, tolerance)
+
+
+def compare(curves: dict, pairs: dict[str, str], floor: str | None, windows: dict[str, dict],
+            tolerance: float) -> dict:
+    """summarize's `compared` from the runs' curves: paired over the seeds both runs finished (a failed run leaves
+    its seed out of its comparisons only)."""
+    seeds = {name: c["seeds"] for name, c in curves.items()}
+    pairs = {name: base for name, base in pairs.items() if set(seeds.get(name, ())) & set(seeds.get(base, ()))}
+    deltas = {name: [seeds[name][s]["final_val_loss"] - seeds[base][s]["final_val_loss"]
+                     for s in sorted(seeds[name]) if s in seeds[base]] for name, base in pairs.items()}
     floor_d = deltas.get(floor) if floor else None
     compared = {}
     for name, base in pairs.items():
@@ -57,7 +64,47 @@ def summarize(runs: dict[str, dict[int, Path]], pairs: dict[str, str], floor: st
         else:
             win = {"window_se": None, "windows": 0, "windows_needed": None}
         compared[name] = {"against": base, "deltas": deltas[name], **v, **win}
-    return curves, compared
+    return compared
+
+
+# options that name where files are, not what is trained: merged tests may differ in them
+NOT_THE_PROTOCOL = ("--train.seed=", "--data.cache_dir=", "--data.source=", "--data.eval_source=",
+                    "--data.tokenizer_file=")
+
+
+def merge(results: list[dict]) -> dict:
+    """One parity result from tests of one protocol (config, steps, overrides, specs, reference, floor, tolerance)
+    over disjoint seeds, e.g. seeds trained in several calls or on several machines: their curves pooled and every
+    comparison and verdict recomputed over all the seeds. The paired window SE (checked at one seed of each test)
+    and the teacher-forced scores stay in the merged files."""
+    base = results[0]
+    protocol = lambda r: (r["config"], r["steps"], r["tolerance"], r["reference"], r["floor"], sorted(r["runs"]),
+                          sorted(o for o in r["overrides"] if not o.startswith(NOT_THE_PROTOCOL)))
+    seen: set[int] = set()
+    for r in results:
+        if protocol(r) != protocol(base):
+            raise ValueError(f"cannot merge parity tests of different protocols: {protocol(base)} and {protocol(r)}")
+        if seen & set(r["seeds"]):
+            raise ValueError(f"cannot merge parity tests that share seeds {sorted(seen & set(r['seeds']))}")
+        seen |= set(r["seeds"])
+    curves = {}
+    for name in base["runs"]:
+        per = {}
+        for r in results:
+            for seed, run in r["runs"][name]["seeds"].items():
+                per[int(seed)] = {**run, "train_loss": {int(k): v for k, v in run["train_loss"].items()},
+                                  "val_loss": {int(k): v for k, v in run["val_loss"].items()}}
+        per = dict(sorted(per.items()))
+        curves[name] = {"seeds": per, "val_slope_mean": sum(p["val_slope"] for p in per.values()) / len(per),
+                        "final_val_loss_mean": sum(p["final_val_loss"] for p in per.values()) / len(per)}
+    pairs = {name: c["against"] for name, c in base["compared"].items()}
+    compared = compare(curves, pairs, base["floor"], {}, base["tolerance"])
+    devices = sorted({r["device"] for r in results})
+    out = {k: v for k, v in base.items() if k not in ("teacher", "teacher_tolerance")}
+    out.update(seeds=sorted(seen), runs=curves, compared=compared, window_seed=None, device="; ".join(devices),
+               warnings=[w for r in results for w in r["warnings"]], merged=len(results))
+    out["exit_status"] = exit_status(compared, base["floor"])
+    return out
 
 
 def window_warnings(compared: dict, seed: int) -> list[str]:

@@ -31,6 +31,8 @@ trained weights, no training dynamics; it passes when every |Δ| ≤ --teacher-t
 the runs go round-robin over them (CUDA_VISIBLE_DEVICES per run), with one they share it.
 A run that fails does not stop the others: it is left out of its comparisons (the report names it) and the exit status
 is 1; a test-split scoring that fails among concurrent ones is run again alone.
+--merge DIR... pools finished tests of one protocol over disjoint seeds (seeds trained in several calls or on
+several machines) and recomputes every verdict over all of them; no training.
 Writes <out>/parity.{json,md,png}; exits 0 when every spec is equivalent, 1 when any is different (or on an error),
 2 when any is undecided and none different.
 """
@@ -57,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     """The options; abbreviations are off, so that --floor or --teacher-tol is a typo with a hint, not a prefix."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", help="the model and recipe (required unless --merge)")
     p.add_argument("--backends", default="naive,chunk", help="comma-separated run specs, the first is the reference: "
                    "a backend (chunk; fused[state] = --fuse state) with optional @key=value overrides")
     p.add_argument("--seeds", type=int, default=3, help="seeds per spec: train.seed, train.seed + 1, ...")
@@ -73,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", nargs="?", const=0, type=int, metavar="N",
                    help="train N runs at once (default: all; round-robin over the visible GPUs)")
     p.add_argument("--out", type=Path, help="folder for the runs and parity.{json,md,png} (default runs/parity_<config>)")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
+                   help="no training: pool finished tests of one protocol over disjoint seeds (their DIR/parity.json, "
+                        "e.g. --train.seed=1337 and --train.seed=1340 runs of --seeds 3) into one verdict in --out")
     return p
 
 
@@ -81,6 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
     equivalent, 1 any different, 2 any undecided). Every setting is checked before the first run starts."""
     p = parser()
     args, rest = p.parse_known_args(argv)
+    if args.merge:
+        return merge(args, argv)
+    if not args.config:
+        raise ConfigError("--config is required (a YAML file under configs/) unless --merge pools finished tests")
     flags = parser_flags(p)
     overrides = [f"--{k}={v}" for k, v in parse_overrides(rest, flags)]
     runs_.check_overrides(overrides)
@@ -138,6 +147,27 @@ def main(argv: list[str] | None = None) -> dict:
     print((out / "parity.md").read_text())
     summary = ", ".join(f"{n}: {c['verdict']}" for n, c in compared.items() if n != plan.floor)
     print(f"wrote {out}/parity.{{json,md,png}}; {summary}")
+    return result
+
+
+def merge(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """--merge: parity.{json,md,png} in --out from the pooled tests, verdicts recomputed over all their seeds."""
+    if not args.out:
+        raise ConfigError("--merge needs --out, the folder for the pooled parity.{json,md,png}")
+    files = [d / "parity.json" if d.is_dir() else d for d in args.merge]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(f"--merge: no parity.json at {', '.join(missing)} (a finished scripts/parity.py --out folder)")
+    try:
+        result = report.merge([json.loads(f.read_text()) for f in files])
+    except ValueError as e:
+        raise ConfigError(f"--merge: {e}") from None
+    command = "python scripts/parity.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
+    (args.out / "parity.md").write_text(report.to_markdown(result, command))
+    report.plot(result, args.out / "parity.png")
+    print((args.out / "parity.md").read_text())
     return result
 
 

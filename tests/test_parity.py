@@ -18,6 +18,7 @@ import threading
 import numpy as np
 import pytest
 
+from config import ConfigError
 from eval import parity_report as report
 from eval import parity_runs as runs
 from eval import parity_stats as stats
@@ -408,3 +409,42 @@ def test_the_command_line(tmp_path):
     assert c["deltas"] == [0.0] and "one seed" in c["reason"] and saved["floor"] is None
     md = (tmp_path / "parity.md").read_text()
     assert "No floor was run" in md and "not annealed" in md
+
+
+def fake_result(seeds: list[int], finals: dict[str, list[float]], **over) -> dict:
+    """A finished parity result as parity.json holds it (JSON keys are strings): naive, fused and the floor."""
+    runs_ = {name: {"seeds": {str(s): {"final_val_loss": v, "val_slope": -1e-3, "val_loss": {"50": v + 1, "100": v},
+                                      "train_loss": {"100": v}, "test": {"token_ppl": 2.0}}
+                              for s, v in zip(seeds, vals)}} for name, vals in finals.items()}
+    curves = {n: {"seeds": {int(s): r for s, r in c["seeds"].items()}} for n, c in runs_.items()}
+    compared = report.compare(curves, {"fused": "naive", "fused~": "fused"}, "fused~", {}, 0.01)
+    return {"config": "configs/smoke.yaml", "steps": 100, "tolerance": 0.01, "reference": "naive", "floor": "fused~",
+            "seeds": seeds, "runs": runs_, "compared": compared, "device": "cpu", "warnings": [],
+            "overrides": [f"--train.seed={seeds[0]}", "--data.cache_dir=/x"], **over}
+
+
+def test_merge_pools_disjoint_seeds_and_recomputes_the_verdict(tmp_path):
+    """Three seeds cannot decide; the same protocol's next three, pooled, can: the verdict is recomputed from all
+    six Δs. Tests of another protocol or with a shared seed are refused, naming why."""
+    a = fake_result([1, 2, 3], {"naive": [4.0, 4.1, 4.2], "fused": [4.008, 4.094, 4.205],
+                                "fused~": [4.014, 4.087, 4.209]})
+    b = fake_result([4, 5, 6], {"naive": [4.3, 4.4, 4.5], "fused": [4.302, 4.398, 4.501],
+                                "fused~": [4.297, 4.404, 4.499]})
+    assert a["compared"]["fused"]["verdict"] == "undecided"
+    for i, r in enumerate((a, b)):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "parity.json").write_text(json.dumps(r))
+    result = main(["--merge", str(tmp_path / "0"), str(tmp_path / "1" / "parity.json"), "--out", str(tmp_path / "m")])
+    fused = result["compared"]["fused"]
+    assert result["seeds"] == [1, 2, 3, 4, 5, 6] and fused["n"] == 6
+    assert fused["deltas"] == pytest.approx([0.008, -0.006, 0.005, 0.002, -0.002, 0.001])
+    assert fused["verdict"] == "equivalent" and result["exit_status"] == 0
+    assert "1, 2, 3, 4, 5, 6" in (tmp_path / "m" / "parity.md").read_text() and (tmp_path / "m" / "parity.png").exists()
+    other = fake_result([4, 5, 6], {"naive": [4.3] * 3, "fused": [4.3] * 3, "fused~": [4.3] * 3}, steps=200)
+    (tmp_path / "1" / "parity.json").write_text(json.dumps(other))
+    with pytest.raises(ConfigError, match="different protocols"):
+        main(["--merge", str(tmp_path / "0"), str(tmp_path / "1"), "--out", str(tmp_path / "m")])
+    with pytest.raises(ConfigError, match="share seeds \\[1, 2, 3\\]"):
+        main(["--merge", str(tmp_path / "0"), str(tmp_path / "0"), "--out", str(tmp_path / "m")])
+    with pytest.raises(ConfigError, match="--merge needs --out"):
+        main(["--merge", str(tmp_path / "0")])
