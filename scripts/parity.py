@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from config import ConfigError, load_config, parse_overrides, parser_flags  # noqa: E402
+from config import Config, ConfigError, load_config, parse_overrides, parser_flags  # noqa: E402
 from eval import parity_report as report  # noqa: E402
 from eval import parity_runs as runs_  # noqa: E402
 from eval import parity_stats as stats  # noqa: E402
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     plan = runs_.plan_runs(args.config, overrides, specs, floor_spec, seeds, args.steps, args.eval_interval,
                            args.teacher, out)
     warnings = []
+    warnings += lr_warning(load_config(args.config, []), cfg)
     if cfg.optim.warmup_steps >= args.steps:
         warnings.append(f"the warm-up ({cfg.optim.warmup_steps} steps) is not shorter than --steps ({args.steps}): "
                         "the runs end at the peak learning rate, not annealed")
@@ -148,6 +150,19 @@ def main(argv: list[str] | None = None) -> dict:
     summary = ", ".join(f"{n}: {c['verdict']}" for n, c in compared.items() if n != plan.floor)
     print(f"wrote {out}/parity.{{json,md,png}}; {summary}")
     return result
+
+
+def lr_warning(config: Config, runs: Config) -> list[str]:
+    """A warning when the runs train fewer tokens a step than the config at the config's own learning rate: the
+    square-root rule's rate for their batch. A rate too high for the batch widens the re-summed floor (GLA's
+    from 0.004 to 0.02 nats at a 1/8 batch), so that fewer seeds decide."""
+    tokens = lambda c: c.train.micro_batch_size * c.train.grad_accum * c.data.seq_len
+    if tokens(runs) >= tokens(config) or runs.optim.lr != config.optim.lr:
+        return []
+    scaled = config.optim.lr * math.sqrt(tokens(runs) / tokens(config))
+    return [f"the runs train {tokens(runs):,} tokens a step, {tokens(runs) / tokens(config):.3g} of the config's "
+            f"{tokens(config):,}, at its learning rate {config.optim.lr:g}; scaled by the square root of the batch "
+            f"it would be {scaled:.3g} (--optim.lr={scaled:.2g}), which keeps the floor narrow"]
 
 
 def merge(args: argparse.Namespace, argv: list[str] | None) -> dict:

@@ -448,3 +448,17 @@ def test_merge_pools_disjoint_seeds_and_recomputes_the_verdict(tmp_path):
         main(["--merge", str(tmp_path / "0"), str(tmp_path / "0"), "--out", str(tmp_path / "m")])
     with pytest.raises(ConfigError, match="--merge needs --out"):
         main(["--merge", str(tmp_path / "0")])
+
+
+def test_a_rate_left_at_the_configs_for_a_smaller_batch_is_a_warning():
+    """gla_125m trains 65,536 tokens a step at 3e-4; parity's 8,192 at that rate gets the square-root rule's 1.06e-4
+    as a warning, and none once --optim.lr is set or the batch is the config's."""
+    from config import load_config
+    from scripts.parity import lr_warning
+
+    cfg = load_config("configs/gla_125m.yaml", [])
+    small = ["--train.micro_batch_size=2", "--train.grad_accum=2"]
+    (w,) = lr_warning(cfg, load_config("configs/gla_125m.yaml", small))
+    assert "8,192 tokens a step, 0.125 of the config's 65,536" in w and "--optim.lr=0.00011" in w
+    assert lr_warning(cfg, load_config("configs/gla_125m.yaml", small + ["--optim.lr=1e-4"])) == []
+    assert lr_warning(cfg, cfg) == []
