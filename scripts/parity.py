@@ -142,11 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["teacher"] = {seed: runs_.teacher_forced(plan.runs[texts[0]][seed], specs, plan.data[texts[0]],
                                                         args.teacher_tolerance) for seed in plan.runs[texts[0]]}
     result["exit_status"] = 1 if failed else report.exit_status(compared, plan.floor)
-    command = "python scripts/parity.py " + shlex.join(argv if argv is not None else sys.argv[1:])
-    (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / "parity.md").write_text(report.to_markdown(result, command))
-    report.plot(result, out / "parity.png")
-    print((out / "parity.md").read_text())
+    write(out, result, argv)
     summary = ", ".join(f"{n}: {c['verdict']}" for n, c in compared.items() if n != plan.floor)
     print(f"wrote {out}/parity.{{json,md,png}}; {summary}")
     return result
@@ -177,13 +173,18 @@ def merge(args: argparse.Namespace, argv: list[str] | None) -> dict:
         result = report.merge([json.loads(f.read_text()) for f in files])
     except ValueError as e:
         raise ConfigError(f"--merge: {e}") from None
-    command = "python scripts/parity.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "parity.md").write_text(report.to_markdown(result, command))
-    report.plot(result, args.out / "parity.png")
-    print((args.out / "parity.md").read_text())
+    write(args.out, result, argv)
     return result
+
+
+def write(out: Path, result: dict, argv: list[str] | None) -> None:
+    """<out>/parity.{json,md,png}, the markdown (with the command as typed) also printed."""
+    command = "python scripts/parity.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    (out / "parity.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / "parity.md").write_text(report.to_markdown(result, command))
+    report.plot(result, out / "parity.png")
+    print((out / "parity.md").read_text())
 
 
 def cli() -> None:
