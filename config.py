@@ -55,7 +55,7 @@ class TrainConfig:
     progress: bool = True
     compile: str = "auto"              # torch.compile the step: auto (CUDA; not fla, recurrent naive, FSDP2) | true | false
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager traces without generating code)
-    compile_scope: str = "model"       # model: the whole forward as one graph | blocks: each block, compiled once
+    compile_scope: str = "auto"        # auto: blocks (model with cuda_graphs) | model: one graph | blocks: each block
     cuda_graphs: bool = False          # with compile: Inductor's CUDA graphs (every step has the same shapes)
     log_with: str = "none"             # none | tensorboard (<run dir>/tensorboard/<name>/) | wandb: accelerate's
                                        # tracker, given metrics.jsonl's rows and the config (utils/trackers.py)
@@ -213,7 +213,7 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.log_interval": _at_least(1), "train.eval_interval": _at_least(0), "train.eval_batches": _at_least(0),
     "train.ckpt_interval": _at_least(0), "train.keep_ckpts": _at_least(0), "train.max_bad_steps": _at_least(1),
     "train.activation_checkpointing": (lambda v: v in CHECKPOINTING, f"one of {', '.join(CHECKPOINTING)}"),
-    "train.compile_scope": (lambda v: v in ("model", "blocks"), "one of model, blocks"),
+    "train.compile_scope": (lambda v: v in ("auto", "model", "blocks"), "one of auto, model, blocks"),
     "train.name": (lambda v: v.strip() not in ("", ".", ".."), "a folder name (not empty, '.' or '..')"),
     "data.seq_len": _at_least(1), "data.num_proc": _at_least(0),
     "optim.lr": _at_least(0, strict=True), "optim.warmup_steps": _at_least(0),

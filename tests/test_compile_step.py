@@ -24,8 +24,11 @@ def settings(backend: str = "fused", family: str = "gla", **train_kw) -> Config:
 
 def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
     assert resolve_compile(settings("fused"), "cuda", False) == (True, "auto: on for a CUDA GPU; backend inductor, "
-                                                                        "scope model")
+                                                                        "scope blocks")
+    # auto scope: block by block, the whole model where CUDA graphs capture the whole step
     assert resolve_compile(settings("chunk", cuda_graphs=True), "cuda", False)[1].endswith("inductor, scope model, CUDA graphs")
+    assert resolve_compile(settings("chunk", compile_scope="model"), "cuda", False)[1].endswith("scope model")
+    assert resolve_compile(settings("fused", compile="true"), "cuda", True)[0]          # FSDP2: blocks
     for backend, device, fsdp, why in (("fused", "cpu", False, "off on a CPU"), ("naive", "cuda", False, "dominate"),
                                        ("fla", "cuda", False, "not torch.library operators"),
                                        ("fused", "cuda", True, "under FSDP2")):
@@ -45,7 +48,7 @@ def test_auto_compiles_on_a_gpu_for_the_kernel_backends_only():
 
 @pytest.mark.parametrize("kw,device,fsdp,message", [
     (dict(compile="yes"), "cuda", False, "must be one of auto, true, false"),
-    (dict(compile="true"), "cuda", True, "under FSDP2 compiles block by block"),
+    (dict(compile="true", compile_scope="model"), "cuda", True, "under FSDP2 compiles block by block"),
     (dict(compile="true", cuda_graphs=True, compile_scope="blocks"), "cuda", False, "need train.compile_scope=model"),
     (dict(cuda_graphs=True), "cpu", False, "needs the compiled step, which is off"),
     (dict(compile="true", cuda_graphs=True), "cpu", False, "needs a CUDA GPU"),
@@ -65,7 +68,7 @@ def test_a_compiled_run_equals_the_eager_run(tmp_path, capsys):
     reset_accelerate()
     train.main(tiny(tmp_path, "compiled", *common, "--train.compile=true",
                     "--train.compile_backend=aot_eager_decomp_partition"))
-    assert "compiled step: on (train.compile=true; backend aot_eager_decomp_partition, scope model)" in \
+    assert "compiled step: on (train.compile=true; backend aot_eager_decomp_partition, scope blocks)" in \
         capsys.readouterr().out
     eager, compiled = losses(tmp_path / "runs" / "eager")[0], losses(tmp_path / "runs" / "compiled")[0]
     assert sorted(eager) == sorted(compiled) == list(range(1, 7))
@@ -74,9 +77,11 @@ def test_a_compiled_run_equals_the_eager_run(tmp_path, capsys):
     assert info["config"]["train"]["compile"] == "true"
 
 
-def test_a_ddp_wrapped_model_compiles_and_equals_eager(monkeypatch):
+@pytest.mark.parametrize("scope", ["model", "blocks"])
+def test_a_ddp_wrapped_model_compiles_and_equals_eager(monkeypatch, scope):
     """DDP's own forward (bucket rebuilding) cannot be traced whole: the compiled step of a DDP module runs it
-    eagerly and compiles the module inside; loss and gradients equal the eager DDP step's (one gloo process)."""
+    eagerly and compiles the module inside (whole, or block by block: DDP's gradient hooks fire as each block's
+    backward graph yields its gradients); loss and gradients equal the eager DDP step's (one gloo process)."""
     import torch.distributed as dist
 
     from model import build_model
@@ -89,12 +94,13 @@ def test_a_ddp_wrapped_model_compiles_and_equals_eager(monkeypatch):
     try:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(build_model(ModelConfig(
-            family="gpt2", vocab_size=61, n_layers=1, d_model=32, n_heads=2, max_seq_len=64, mlp_hidden=64,
+            family="gpt2", vocab_size=61, n_layers=2, d_model=32, n_heads=2, max_seq_len=64, mlp_hidden=64,
             backend="naive")))
         x, y = torch.randint(0, 61, (2, 24)), torch.randint(0, 61, (2, 24))
         results = []
-        for fn in (model, compiled_step(model, settings("naive", compile="true",
-                                                        compile_backend="aot_eager_decomp_partition"))):
+        for step in ("eager", "compiled"):                     # eager first: blocks compile in place
+            fn = model if step == "eager" else compiled_step(model, settings(
+                "naive", compile="true", compile_scope=scope, compile_backend="aot_eager_decomp_partition"))
             model.zero_grad(set_to_none=True)
             loss = fn(x, y, return_logits=False)[1]
             loss.backward()

@@ -17,7 +17,10 @@ which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
 (regional compilation): Dynamo traces the first block and reuses its code for every other (their parameters are
 graph inputs, not guards), so compile time is one block's rather than n_layers', and the embedding, final norm and
 chunked loss run eagerly. Module hooks stay outside the graphs, so FSDP2's all-gathers run as they do eagerly, which
-is why `blocks` is the scope that compiles under FSDP2.
+is why `blocks` is the scope that compiles under FSDP2. `auto` (the default) is `blocks`, or `model` with CUDA graphs
+(they capture the whole step): block scope trains at the whole model's speed and starts in a third of the time on
+the GPUs measured (mamba2_370m's first step 83 → 32 s, gla_340m's 57 → 22 s), which keeps every config's first step
+under a minute.
 """
 from __future__ import annotations
 
@@ -28,6 +31,13 @@ import torch
 from config import Config, ConfigError
 
 CHOICES = ("auto", "true", "false")
+
+
+def scope(tc) -> str:
+    """The compile scope a run uses: train.compile_scope, with `auto` resolved (module docstring)."""
+    if tc.compile_scope != "auto":
+        return tc.compile_scope
+    return "model" if tc.cuda_graphs else "blocks"
 
 
 def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, str]:
@@ -49,13 +59,13 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
     elif cfg.data.varlen:
         on, why = False, "auto: off with data.varlen (the document offsets change shape every step)"
     elif fsdp:
-        on, why = False, "auto: off under FSDP2 (--train.compile=true --train.compile_scope=blocks compiles it)"
+        on, why = False, "auto: off under FSDP2 (--train.compile=true compiles it block by block)"
     else:
         on, why = True, "auto: on for a CUDA GPU"
-    if on and fsdp and tc.compile_scope != "blocks":
+    if on and fsdp and scope(tc) != "blocks":
         raise ConfigError("train.compile=true under FSDP2 compiles block by block; pass --train.compile_scope=blocks "
                           "(or --train.compile=false)")
-    if tc.cuda_graphs and tc.compile_scope != "model":
+    if tc.cuda_graphs and scope(tc) != "model":
         raise ConfigError("train.cuda_graphs capture the whole step; they need train.compile_scope=model")
     if on and cfg.data.varlen:
         raise ConfigError("train.compile=true does not go with data.varlen (the document offsets change shape every "
@@ -68,7 +78,7 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
     if tc.cuda_graphs and device_type != "cuda":
         raise ConfigError("train.cuda_graphs needs a CUDA GPU; drop --train.cuda_graphs")
     if on:
-        why += (f"; backend {tc.compile_backend}, scope {tc.compile_scope}" + (", CUDA graphs" if tc.cuda_graphs
+        why += (f"; backend {tc.compile_backend}, scope {scope(tc)}" + (", CUDA graphs" if tc.cuda_graphs
                                                                               else ""))
     return on, why
 
@@ -83,7 +93,7 @@ def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     Dynamo runs it eagerly and compiles the module inside, which Dynamo's DDPOptimizer splits at DDP's gradient
     buckets so that each bucket's all-reduce still overlaps the backward. The module inside has no graph break
     of its own (tests/test_compile.py compiles every model fullgraph)."""
-    if cfg.train.compile_scope == "blocks":
+    if scope(cfg.train) == "blocks":
         compile_blocks(getattr(model, "module", model), cfg.train.compile_backend)
         return model
     mode = "reduce-overhead" if cfg.train.cuda_graphs else None
