@@ -102,7 +102,7 @@ def merge(results: list[dict]) -> dict:
     devices = sorted({r["device"] for r in results})
     out = {k: v for k, v in base.items() if k not in ("teacher", "teacher_tolerance")}
     out.update(seeds=sorted(seen), runs=curves, compared=compared, window_seed=None, device="; ".join(devices),
-               warnings=[w for r in results for w in r["warnings"]], merged=len(results))
+               warnings=list(dict.fromkeys(w for r in results for w in r["warnings"])), merged=len(results))
     out["exit_status"] = exit_status(compared, base["floor"])
     return out
 

@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = parser()
     args, rest = p.parse_known_args(argv)
     if args.merge:
+        if rest:
+            raise ConfigError(f"--merge pools finished tests and trains nothing: drop {' '.join(rest)}")
         return merge(args, argv)
     if not args.config:
         raise ConfigError("--config is required (a YAML file under configs/) unless --merge pools finished tests")

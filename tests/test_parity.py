@@ -448,6 +448,8 @@ def test_merge_pools_disjoint_seeds_and_recomputes_the_verdict(tmp_path):
         main(["--merge", str(tmp_path / "0"), str(tmp_path / "0"), "--out", str(tmp_path / "m")])
     with pytest.raises(ConfigError, match="--merge needs --out"):
         main(["--merge", str(tmp_path / "0")])
+    with pytest.raises(ConfigError, match="trains nothing: drop --train.seed=3"):
+        main(["--merge", str(tmp_path / "0"), "--out", str(tmp_path / "m"), "--train.seed=3"])
 
 
 def test_a_rate_left_at_the_configs_for_a_smaller_batch_is_a_warning():
