@@ -28,12 +28,12 @@ from collections.abc import Callable
 
 import torch
 
-from config import Config, ConfigError
+from config import Config, ConfigError, TrainConfig
 
 CHOICES = ("auto", "true", "false")
 
 
-def scope(tc) -> str:
+def scope(tc: TrainConfig) -> str:
     """The compile scope a run uses: train.compile_scope, with `auto` resolved (module docstring)."""
     if tc.compile_scope != "auto":
         return tc.compile_scope
