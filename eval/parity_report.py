@@ -25,8 +25,6 @@ def summarize(runs: dict[str, dict[int, Path]], pairs: dict[str, str], floor: st
     and the means over seeds. compared: per name in `pairs` (each backend against the reference, the floor against
     its own spec) Δ over seeds, parity_stats.verdict's keys (the floor's Δ as the floor of every other name) and
     the paired window SE at the first seed with the windows that would bring it under WINDOW_SE_TARGET."""
-    import numpy as np
-
     curves = {}
     for name, by_seed in runs.items():
         per = {}
@@ -38,9 +36,14 @@ def summarize(runs: dict[str, dict[int, Path]], pairs: dict[str, str], floor: st
             per[seed] = {"folder": str(folder), "train_loss": train, "val_loss": val, "final_val_loss": val[steps[-1]],
                          "final_step": steps[-1], "val_slope": stats.final_slope(steps, [val[s] for s in steps]),
                          "test": tests[name][seed]}
-        curves[name] = {"seeds": per, "val_slope_mean": float(np.mean([r["val_slope"] for r in per.values()])),
-                        "final_val_loss_mean": float(np.mean([r["final_val_loss"] for r in per.values()]))}
+        curves[name] = with_means(per)
     return curves, compare(curves, pairs, floor, windows, tolerance)
+
+
+def with_means(per: dict[int, dict]) -> dict:
+    """A run's curves over its seeds and their means: {"seeds", "val_slope_mean", "final_val_loss_mean"}."""
+    return {"seeds": per, "val_slope_mean": sum(r["val_slope"] for r in per.values()) / len(per),
+            "final_val_loss_mean": sum(r["final_val_loss"] for r in per.values()) / len(per)}
 
 
 def compare(curves: dict, pairs: dict[str, str], floor: str | None, windows: dict[str, dict],
@@ -67,9 +70,8 @@ def compare(curves: dict, pairs: dict[str, str], floor: str | None, windows: dic
     return compared
 
 
-# options that name where files are, not what is trained: merged tests may differ in them
-NOT_THE_PROTOCOL = ("--train.seed=", "--data.cache_dir=", "--data.source=", "--data.eval_source=",
-                    "--data.tokenizer_file=")
+# the options merged tests may differ in: the first seed, and where the token shards are cached
+NOT_THE_PROTOCOL = ("--train.seed=", "--data.cache_dir=")
 
 
 def merge(results: list[dict]) -> dict:
@@ -94,9 +96,7 @@ def merge(results: list[dict]) -> dict:
             for seed, run in r["runs"][name]["seeds"].items():
                 per[int(seed)] = {**run, "train_loss": {int(k): v for k, v in run["train_loss"].items()},
                                   "val_loss": {int(k): v for k, v in run["val_loss"].items()}}
-        per = dict(sorted(per.items()))
-        curves[name] = {"seeds": per, "val_slope_mean": sum(p["val_slope"] for p in per.values()) / len(per),
-                        "final_val_loss_mean": sum(p["final_val_loss"] for p in per.values()) / len(per)}
+        curves[name] = with_means(dict(sorted(per.items())))
     pairs = {name: c["against"] for name, c in base["compared"].items()}
     compared = compare(curves, pairs, base["floor"], {}, base["tolerance"])
     devices = sorted({r["device"] for r in results})
