@@ -98,9 +98,3 @@ def exact_fp32_convs():
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32 = old
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The `slow` tests first, so that pytest-xdist's workers start them at once instead of one worker finishing
-    a minute-long test alone at the end (the order of the rest is kept)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

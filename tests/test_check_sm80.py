@@ -50,7 +50,6 @@ def test_unknown_backend_is_refused_before_any_work(capsys):
     assert "unknown backend(s) fuse" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 @needs_cuda_backend
 def test_gated_deltanet_launches_fit_the_a100(tmp_path):
     """The A100 guard for the launch with the least margin: Gated DeltaNet's state backward (delta_h_bwd_kernel,
