@@ -13,6 +13,9 @@ ranks at once. Variants (`:`-separated options after the kind):
   ddp          DistributedDataParallel; options: bucket=MB (bucket_cap_mb, default 25), view
                (gradient_as_bucket_view), static (static_graph), compile (torch.compile of the DDP module, as
                train.py's --train.compile: Dynamo's DDPOptimizer splits it at the buckets)
+  fsdp         FSDP2 as configs/accelerate/fsdp.yaml shards it (each Block, then the root; bf16 parameters, fp32
+               gradient reduction); options: noreshard (reshard_after_forward=False: the backward reuses the
+               forward's gathered parameters), compile (each block compiled, as train.py's block scope)
   (`local:compile` compiles the local step fullgraph.)
 From rank 0's kernel timeline: step time (wall, between two synchronizations, per step), GPU busy (the union of
 its kernels, copies and sets over the wall time) and compute busy (the same without NCCL's kernels, which also
@@ -38,6 +41,7 @@ if __package__ in (None, ""):
 from config import load_config  # noqa: E402
 from model import build_model  # noqa: E402
 from train import make_optimizer  # noqa: E402
+from utils.compile import compile_blocks  # noqa: E402
 
 BUSY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -79,9 +83,9 @@ def analyse(trace: dict, wall_us: float, steps: int, top: int = 12) -> dict:
 
 def parse_variant(text: str) -> dict:
     kind, *opts = text.split(":")
-    if kind not in ("local", "ddp"):
-        raise SystemExit(f"variant {text!r}: the kind must be local or ddp")
-    v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False}
+    if kind not in ("local", "ddp", "fsdp"):
+        raise SystemExit(f"variant {text!r}: the kind must be local, ddp or fsdp")
+    v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False, "reshard": True}
     for o in opts:
         key, _, val = o.partition("=")
         if key == "bucket" and kind == "ddp" and val.isdigit():
@@ -90,9 +94,11 @@ def parse_variant(text: str) -> dict:
             v[key] = True
         elif key == "compile" and not val:
             v["compile"] = True
+        elif key == "noreshard" and kind == "fsdp" and not val:
+            v["reshard"] = False
         else:
             raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, view, static, compile; "
-                             "local takes compile)")
+                             "fsdp takes noreshard, compile; local takes compile)")
     return v
 
 
@@ -118,8 +124,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1:
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    fsdp_alone = world == 1 and any(v["kind"] == "fsdp" for v in variants)
+    if world > 1 or fsdp_alone:            # one-process FSDP2 (the one-GPU baseline) still needs a process group
+        store = {"store": torch.distributed.HashStore(), "rank": 0, "world_size": 1} if fsdp_alone else {}
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None, **store)
     cfg = load_config(args.config, [f"--model.backend={args.backend}"])
     B, T = args.micro_batch or cfg.train.micro_batch_size, args.seq_len or cfg.data.seq_len
     g = torch.Generator(device=device).manual_seed(rank)
@@ -135,7 +143,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             torch.cuda.empty_cache()
     if rank == 0:
         write(results, args, world, B, T)
-    if world > 1:
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return results
 
@@ -146,10 +154,16 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
     cuda = device.type == "cuda"
     torch.manual_seed(0)
     module = build_model(cfg.model).to(device)
-    model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
-        module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
-        gradient_as_bucket_view=v["view"], static_graph=v["static"])
-    step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
+    if v["kind"] == "fsdp":
+        shard(module, device, world, v["reshard"])
+        if v["compile"]:
+            compile_blocks(module)
+        step_fn = model = module
+    else:
+        model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
+            module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
+            gradient_as_bucket_view=v["view"], static_graph=v["static"])
+        step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
     opt = make_optimizer(module, cfg, fused=cuda)                      # train.py's, parameter groups and all
 
     def step() -> None:
@@ -185,6 +199,19 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
     if not args.trace:
         path.unlink()
     return r
+
+
+def shard(module: torch.nn.Module, device: torch.device, world: int, reshard: bool) -> None:
+    """FSDP2 in place, as accelerate's TRANSFORMER_BASED_WRAP applies it: each Block its own unit, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if device.type == "cuda" else None,
+                              reduce_dtype=torch.float32)
+    for block in module.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
 
 
 def sync(cuda: bool, world: int) -> None:

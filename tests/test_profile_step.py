@@ -29,14 +29,15 @@ def test_the_exposed_all_reduce_is_the_part_no_kernel_hides():
     assert [t["name"] for t in r["top"]][:2] == ["gemm", "ncclDevKernel_AllReduce_Sum_f32"]
 
 
-@pytest.mark.parametrize("text,message", [("fsdp", "must be local or ddp"), ("ddp:bucket=x", "unknown option"),
-                                          ("local:view", "unknown option")])
+@pytest.mark.parametrize("text,message", [("zero", "must be local, ddp or fsdp"), ("ddp:bucket=x", "unknown option"),
+                                          ("local:view", "unknown option"), ("ddp:noreshard", "unknown option")])
 def test_bad_variants(text, message):
     with pytest.raises(SystemExit, match=message):
         parse_variant(text)
     assert parse_variant("ddp:bucket=100:view:static:compile") == {
         "name": "ddp:bucket=100:view:static:compile", "kind": "ddp", "bucket": 100, "view": True, "static": True,
-        "compile": True}
+        "compile": True, "reshard": True}
+    assert parse_variant("fsdp:noreshard:compile")["reshard"] is False
 
 
 def test_a_cpu_profile_of_the_local_step(tmp_path):
@@ -47,3 +48,11 @@ def test_a_cpu_profile_of_the_local_step(tmp_path):
     assert json.loads((tmp_path / "profile.json").read_text())[0]["name"] == "local"
     with pytest.raises(SystemExit, match="need several processes"):
         main(["--config", "configs/smoke.yaml", "--variants", "ddp", "--out", str(tmp_path)])
+
+
+def test_a_cpu_profile_of_the_fsdp_step(tmp_path):
+    """FSDP2 in one process (the one-GPU baseline of a sharded study): both reshard settings train and time."""
+    rs = main(["--config", "configs/smoke.yaml", "--backend", "naive", "--variants", "fsdp,fsdp:noreshard",
+               "--warmup", "1", "--steps", "1", "--out", str(tmp_path)])
+    assert [r["name"] for r in rs] == ["fsdp", "fsdp:noreshard"]
+    assert all(r["step_ms"] > 0 and r["tokens_per_s_per_gpu"] > 0 for r in rs)
