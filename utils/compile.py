@@ -17,7 +17,8 @@ which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
 (regional compilation): Dynamo traces the first block and reuses its code for every other (their parameters are
 graph inputs, not guards), so compile time is one block's rather than n_layers', and the embedding, final norm and
 chunked loss run eagerly. Module hooks stay outside the graphs, so FSDP2's all-gathers run as they do eagerly, which
-is why `blocks` is the scope that compiles under FSDP2. `auto` (the default) is `blocks`, or `model` with CUDA graphs
+is why `blocks` is the scope that compiles under FSDP2 (compiled there by default too: eager FSDP2 steps are
+host-bound, its per-block hooks leaving the GPU idle). `auto` (the default) is `blocks`, or `model` with CUDA graphs
 (they capture the whole step): block scope trains at the whole model's speed and compiles one block instead of
 n_layers, which keeps every config's first step under a minute.
 """
@@ -57,12 +58,10 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
                              if backend == "naive" else "fla's kernels are not torch.library operators here") + ")")
     elif cfg.data.varlen:
         on, why = False, "auto: off with data.varlen (the document offsets change shape every step)"
-    elif fsdp:
-        on, why = False, "auto: off under FSDP2 (--train.compile=true compiles it block by block)"
     else:
-        on, why = True, "auto: on for a CUDA GPU"
+        on, why = True, "auto: on for a CUDA GPU" + (" (FSDP2: block by block)" if fsdp else "")
     if on and fsdp and scope(tc) != "blocks":
-        raise ConfigError("train.compile=true under FSDP2 compiles block by block; pass --train.compile_scope=blocks "
+        raise ConfigError("the compiled step under FSDP2 is compiled block by block; pass --train.compile_scope=blocks "
                           "(or --train.compile=false)")
     if tc.cuda_graphs and scope(tc) != "model":
         raise ConfigError("train.cuda_graphs capture the whole step; they need train.compile_scope=model")
