@@ -28,7 +28,8 @@ Without a floor the spread and floor conditions are not checked, and the report 
 validation split; a spec's model.* overrides apply, one that changes shapes is left out): the same function on
 trained weights, no training dynamics; it passes when every |Δ| ≤ --teacher-tolerance (default 1e-4 nats).
 --parallel [N] trains N runs at once (default: all), each logging to <out>/<run>.log; with two or more GPUs visible
-the runs go round-robin over them (CUDA_VISIBLE_DEVICES per run), with one they share it.
+the runs go round-robin over them (CUDA_VISIBLE_DEVICES per run), with one they share it. With an fla spec, a
+two-step fla run goes first, alone, so that the concurrent fla runs read its autotuning from Triton's cache.
 A run that fails does not stop the others: it is left out of its comparisons (the report names it) and the exit status
 is 1; a test-split scoring that fails among concurrent ones is run again alone.
 --merge DIR... pools finished tests of one protocol over disjoint seeds (seeds trained in several calls or on
@@ -45,6 +46,7 @@ import shlex
 import sys
 from pathlib import Path
 
+FLA_WARMUP = "fla_autotune_warmup"
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -124,6 +126,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.parallel is not None:
         runs_.prepare_data(args.config, list(plan.data.values()))
         devices = runs_.visible_devices()
+    if warm := fla_warmup(plan, specs):
+        if args.parallel is not None:       # one after another, the first fla run autotunes alone anyway
+            print("fla: one short run first, so that the concurrent fla runs read its autotuning", flush=True)
+            if runs_.train_all(warm, out, 1, devices, what="fla's autotuning warm-up"):
+                warnings.append("fla's autotuning warm-up failed: its runs autotuned each on their own")
     failed = runs_.train_all(plan.jobs, out, args.parallel, devices)
     warnings += runs_.drop_failed(plan.runs, failed)
     if texts[0] not in plan.runs:
@@ -148,6 +155,19 @@ def main(argv: list[str] | None = None) -> dict:
     summary = ", ".join(f"{n}: {c['verdict']}" for n, c in compared.items() if n != plan.floor)
     print(f"wrote {out}/parity.{{json,md,png}}; {summary}")
     return result
+
+
+def fla_warmup(plan: runs_.Plan, specs: list[runs_.Spec]) -> dict[str, list[str]]:
+    """The first fla run cut to two steps with an evaluation after each ({name: command}, empty without fla): run
+    alone first, it autotunes fla's kernels at the training and evaluation shapes and leaves the results in Triton's
+    on-disk cache, where every fla run started after it finds them. Started together, each fla process autotunes
+    the same kernels at once (gla_125m: 445 s before its first step, six at a time on one GPU)."""
+    fla = [s.text for s in specs if s.backend == "fla"]
+    names = [plan.runs[t][seed].name for t in fla for seed in sorted(plan.runs[t])]
+    if not names:
+        return {}
+    return {FLA_WARMUP: plan.jobs[names[0]] + [f"--train.name={FLA_WARMUP}", "--train.max_steps=2",
+                                              "--train.eval_interval=1"]}
 
 
 def lr_warning(config: Config, runs: Config) -> list[str]:

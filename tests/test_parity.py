@@ -22,7 +22,7 @@ from config import ConfigError
 from eval import parity_report as report
 from eval import parity_runs as runs
 from eval import parity_stats as stats
-from scripts.parity import REPO, cli, main
+from scripts.parity import FLA_WARMUP, REPO, cli, fla_warmup, main
 
 TINY = ["--train.precision=fp32", "--train.progress=false", "--model.d_model=32", "--model.n_layers=1",
         "--model.n_heads=2", "--model.head_k_dim=16", "--model.head_v_dim=16", "--model.mlp_hidden=64",
@@ -464,3 +464,19 @@ def test_a_rate_left_at_the_configs_for_a_smaller_batch_is_a_warning():
     assert "8,192 tokens a step, 0.125 of the config's 65,536" in w and "--optim.lr=0.00011" in w
     assert lr_warning(cfg, load_config("configs/gla_125m.yaml", small + ["--optim.lr=1e-4"])) == []
     assert lr_warning(cfg, cfg) == []
+
+
+def test_an_fla_spec_gets_one_short_run_first_to_autotune(tmp_path):
+    """The warm-up is the first fla run's own command (its shapes, data and seed) cut to two steps with an
+    evaluation after each, under a name of its own; a test without fla has none."""
+    specs = runs.split_specs("naive,fla,fused")
+    plan = runs.plan_runs("configs/smoke.yaml", [], specs, "fla", [7, 8], 10, 5, False, tmp_path)
+    warm = fla_warmup(plan, specs)
+    first_fla = plan.jobs[plan.runs["fla"][7].name]
+    assert list(warm) == [FLA_WARMUP] and warm[FLA_WARMUP][:len(first_fla)] == first_fla
+    assert warm[FLA_WARMUP][len(first_fla):] == [f"--train.name={FLA_WARMUP}", "--train.max_steps=2",
+                                                 "--train.eval_interval=1"]
+    assert FLA_WARMUP not in plan.jobs
+    specs = runs.split_specs("naive,fused")
+    assert fla_warmup(runs.plan_runs("configs/smoke.yaml", [], specs, None, [7], 10, 5, False, tmp_path / "b"),
+                      specs) == {}
