@@ -48,8 +48,10 @@ CONFIGS = ["gla_125m", "gla_340m", "gdn_125m", "gdn_340m", "mamba2_130m", "mamba
 TRAIN_B, TRAIN_T = 8, 2048
 
 
-def capture(config: str, backend: str) -> list[dict]:
-    """Run in a TRITON_INTERPRET=1 process: every distinct kernel launch of one training step of `config`."""
+def capture(config: str, backend: str, only: set[str] | None = None) -> list[dict]:
+    """Run in a TRITON_INTERPRET=1 process: every distinct kernel launch of one training step of `config`. With
+    `only`, the launches of those kernels alone, and only they are interpreted: every other kernel returns at once,
+    its outputs left unwritten (the tiles and launch options depend on shapes and dtypes, never on values)."""
     import dataclasses
 
     import torch
@@ -77,6 +79,8 @@ def capture(config: str, backend: str) -> list[dict]:
         values = {**dict(zip(self.arg_names, args)), **kwargs}
         spec = {name: arg_spec(v) for name, v in values.items()}
         key = json.dumps([self.fn.__module__, self.fn.__name__, spec], sort_keys=True)
+        if only is not None and self.fn.__name__ not in only:
+            return None
         seen.setdefault(key, {"module": self.fn.__module__, "kernel": self.fn.__name__, "args": spec})
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -165,15 +169,18 @@ def compile_all(launches: list[dict], archs: tuple[int, ...] = (80, 90)) -> list
     return rows
 
 
-def run_captures(configs: list[str], backends: list[str]) -> tuple[dict[str, dict], list[str]]:
-    """{launch key: launch with the (config, backend) pairs that make it}, and the pairs that could not run."""
+def run_captures(configs: list[str], backends: list[str], kernels: list[str] | None = None
+                 ) -> tuple[dict[str, dict], list[str]]:
+    """{launch key: launch with the (config, backend) pairs that make it}, and the pairs that could not run; with
+    `kernels`, those kernels' launches alone (capture's `only`)."""
     from tqdm import tqdm
 
     launches: dict[str, dict] = {}
     skipped = []
     pairs = [(c, b) for c in configs for b in backends]
     for config, backend in tqdm(pairs, desc="capture (interpreter)", unit="model"):
-        r = subprocess.run([sys.executable, __file__, "--capture", config, backend], capture_output=True, text=True,
+        only = ["--capture-only", ",".join(kernels)] if kernels else []
+        r = subprocess.run([sys.executable, __file__, "--capture", config, backend, *only], capture_output=True, text=True,
                            env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT)
         if r.returncode:
             why = (r.stderr.strip().splitlines() or ["no output"])[-1]
@@ -222,15 +229,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated config names (configs/*.yaml)")
     p.add_argument("--backends", default="chunk,fused", help="comma-separated backends")
     p.add_argument("--out", default="runs/bench", help="folder for sm80-compile.{md,json} (default runs/bench)")
-    p.add_argument("--kernels", help="comma-separated kernel names: compile only their launches (default: all)")
+    p.add_argument("--kernels", help="comma-separated kernel names: capture and compile only their launches "
+                                     "(default: all)")
     p.add_argument("--compile-with", default=sys.executable, metavar="PYTHON",
                    help="the Python whose Triton compiles (e.g. a venv with the GPU machine's Triton version)")
     p.add_argument("--sm80-only", action="store_true", help="compile for the A100 alone (half the compile time)")
     p.add_argument("--capture", nargs=2, metavar=("CONFIG", "BACKEND"), help=argparse.SUPPRESS)   # subprocesses
+    p.add_argument("--capture-only", help=argparse.SUPPRESS)
     p.add_argument("--compile", metavar="LAUNCHES_JSON", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.capture:
-        print(json.dumps(capture(*args.capture)))
+        print(json.dumps(capture(*args.capture, set(args.capture_only.split(",")) if args.capture_only else None)))
         return []
     if args.compile:
         import triton
@@ -248,7 +257,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
     import triton
 
-    launches, skipped = run_captures(configs, args.backends.split(","))
+    launches, skipped = run_captures(configs, args.backends.split(","), args.kernels.split(",") if args.kernels else None)
     if args.kernels:
         wanted = set(args.kernels.split(","))
         if missing := wanted - {v["kernel"] for v in launches.values()}:
