@@ -53,7 +53,7 @@ class TrainConfig:
     ckpt_interval: int = 500           # 0: only the final checkpoint
     keep_ckpts: int = 2
     progress: bool = True
-    compile: str = "auto"              # torch.compile the step: auto (CUDA; not fla, recurrent naive, varlen) | true | false
+    compile: str = "auto"              # compile the step: auto (CUDA; not fla, recurrent naive, varlen) | true | false
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager traces without generating code)
     compile_scope: str = "auto"        # auto: blocks (model with cuda_graphs) | model: one graph | blocks: each block
     cuda_graphs: bool = False          # with compile: Inductor's CUDA graphs (every step has the same shapes)
