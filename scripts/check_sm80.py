@@ -180,8 +180,8 @@ def run_captures(configs: list[str], backends: list[str], kernels: list[str] | N
     pairs = [(c, b) for c in configs for b in backends]
     for config, backend in tqdm(pairs, desc="capture (interpreter)", unit="model"):
         only = ["--capture-only", ",".join(kernels)] if kernels else []
-        r = subprocess.run([sys.executable, __file__, "--capture", config, backend, *only], capture_output=True, text=True,
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT)
+        r = subprocess.run([sys.executable, __file__, "--capture", config, backend, *only], capture_output=True,
+                           text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT)
         if r.returncode:
             why = (r.stderr.strip().splitlines() or ["no output"])[-1]
             skipped.append(f"{config} on {backend}: {why}")
@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
     import triton
 
-    launches, skipped = run_captures(configs, args.backends.split(","), args.kernels.split(",") if args.kernels else None)
+    kernels = args.kernels.split(",") if args.kernels else None
+    launches, skipped = run_captures(configs, args.backends.split(","), kernels)
     if args.kernels:
         wanted = set(args.kernels.split(","))
         if missing := wanted - {v["kernel"] for v in launches.values()}:
