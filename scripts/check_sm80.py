@@ -76,11 +76,11 @@ def capture(config: str, backend: str, only: set[str] | None = None) -> list[dic
     run = interpreter.InterpretedFunction.run
 
     def record(self, *args, grid, warmup, **kwargs):
+        if only is not None and self.fn.__name__ not in only:
+            return None
         values = {**dict(zip(self.arg_names, args)), **kwargs}
         spec = {name: arg_spec(v) for name, v in values.items()}
         key = json.dumps([self.fn.__module__, self.fn.__name__, spec], sort_keys=True)
-        if only is not None and self.fn.__name__ not in only:
-            return None
         seen.setdefault(key, {"module": self.fn.__module__, "kernel": self.fn.__name__, "args": spec})
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -178,8 +178,8 @@ def run_captures(configs: list[str], backends: list[str], kernels: list[str] | N
     launches: dict[str, dict] = {}
     skipped = []
     pairs = [(c, b) for c in configs for b in backends]
+    only = ["--capture-only", ",".join(kernels)] if kernels else []
     for config, backend in tqdm(pairs, desc="capture (interpreter)", unit="model"):
-        only = ["--capture-only", ",".join(kernels)] if kernels else []
         r = subprocess.run([sys.executable, __file__, "--capture", config, backend, *only], capture_output=True,
                            text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, cwd=ROOT)
         if r.returncode:
@@ -259,8 +259,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     kernels = args.kernels.split(",") if args.kernels else None
     launches, skipped = run_captures(configs, args.backends.split(","), kernels)
-    if args.kernels:
-        wanted = set(args.kernels.split(","))
+    if kernels:
+        wanted = set(kernels)
         if missing := wanted - {v["kernel"] for v in launches.values()}:
             p.error(f"no launch of {', '.join(sorted(missing))} in {args.configs} on {args.backends}")
         launches = {k: v for k, v in launches.items() if v["kernel"] in wanted}

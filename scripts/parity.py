@@ -126,11 +126,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.parallel is not None:
         runs_.prepare_data(args.config, list(plan.data.values()))
         devices = runs_.visible_devices()
-    if warm := fla_warmup(plan, specs):
-        if args.parallel is not None:       # one after another, the first fla run autotunes alone anyway
-            print("fla: one short run first, so that the concurrent fla runs read its autotuning", flush=True)
-            if runs_.train_all(warm, out, 1, devices, what="fla's autotuning warm-up"):
-                warnings.append("fla's autotuning warm-up failed: its runs autotuned each on their own")
+    # one after another (no --parallel), the first fla run autotunes alone anyway
+    if args.parallel is not None and (warm := fla_warmup(plan, specs)):
+        print("fla: one short run first, so that the concurrent fla runs read its autotuning", flush=True)
+        if runs_.train_all(warm, out, 1, devices, what="fla's autotuning warm-up"):
+            warnings.append("fla's autotuning warm-up failed: its runs autotuned each on their own")
     failed = runs_.train_all(plan.jobs, out, args.parallel, devices)
     warnings += runs_.drop_failed(plan.runs, failed)
     if texts[0] not in plan.runs:
@@ -162,12 +162,12 @@ def fla_warmup(plan: runs_.Plan, specs: list[runs_.Spec]) -> dict[str, list[str]
     alone first, it autotunes fla's kernels at the training and evaluation shapes and leaves the results in Triton's
     on-disk cache, where every fla run started after it finds them. Started together, each fla process autotunes
     the same kernels at once (gla_125m: 445 s before its first step, six at a time on one GPU)."""
-    fla = [s.text for s in specs if s.backend == "fla"]
-    names = [plan.runs[t][seed].name for t in fla for seed in sorted(plan.runs[t])]
-    if not names:
+    fla = next((s.text for s in specs if s.backend == "fla"), None)
+    if fla is None:
         return {}
-    return {FLA_WARMUP: plan.jobs[names[0]] + [f"--train.name={FLA_WARMUP}", "--train.max_steps=2",
-                                              "--train.eval_interval=1"]}
+    first = plan.runs[fla][min(plan.runs[fla])].name
+    return {FLA_WARMUP: plan.jobs[first] + [f"--train.name={FLA_WARMUP}", "--train.max_steps=2",
+                                           "--train.eval_interval=1"]}
 
 
 def lr_warning(config: Config, runs: Config) -> list[str]:

@@ -56,7 +56,8 @@ OPS = {
 
 
 # fla's kernels take tl.dot over head dimensions, which Triton needs ≥ 16 (at V = 4 its GLA backward does not compile)
-FLA_DIMS = {"gla": dict(K=16, V=16), "ssd": dict(P=16, N=16), "gated_delta": dict(K=16, V=16)}
+FLA_DIM = 16
+FLA_HEAD_DIMS = {"gla": ("K", "V"), "ssd": ("P", "N"), "gated_delta": ("K", "V")}
 
 
 def backend_fn(op: str, backend: str):
@@ -127,7 +128,7 @@ def test_packed_equals_documents_one_by_one(op, with_state, backend, device, req
     mod, recurrent, shape, seq, state = OPS[op]
     if backend == "fla":
         request.getfixturevalue("first_config_only")
-        shape, state = {**shape, **FLA_DIMS[op]}, (state[0], 16, 16)
+        shape, state = {**shape, **dict.fromkeys(FLA_HEAD_DIMS[op], FLA_DIM)}, (state[0], FLA_DIM, FLA_DIM)
     L, N = sum(LENGTHS), len(LENGTHS)
     inputs = mod.make_inputs({**shape, "T": L}, device=device, seed=None, decay="realistic")
     h0 = torch.randn(N, *state, device=device, requires_grad=True) if with_state else None
