@@ -12,11 +12,12 @@ ranks at once. Variants (`:`-separated options after the kind):
                other GPUs do the same
   ddp          DistributedDataParallel; options: bucket=MB (bucket_cap_mb, default 25), view
                (gradient_as_bucket_view), static (static_graph), compile (torch.compile of the DDP module, as
-               train.py's --train.compile: Dynamo's DDPOptimizer splits it at the buckets)
+               train.py's --train.compile_scope=model: Dynamo's DDPOptimizer splits it at the buckets), blocks
+               (each block compiled inside the DDP module, as train.py's default scope)
   fsdp         FSDP2 as configs/accelerate/fsdp.yaml shards it (each Block, then the root; bf16 parameters, fp32
                gradient reduction); options: noreshard (reshard_after_forward=False: the backward reuses the
                forward's gathered parameters), compile (each block compiled, as train.py's block scope)
-  (`local:compile` compiles the local step fullgraph.)
+  (`local:compile` compiles the local step fullgraph; `local:blocks` compiles each block, as train.py's default.)
 From rank 0's kernel timeline: step time (wall, between two synchronizations, per step), GPU busy (the union of
 its kernels, copies and sets over the wall time) and compute busy (the same without NCCL's kernels, which also
 count while they spin waiting for a peer), host gaps (wall − busy), communication (NCCL kernels) and exposed
@@ -85,7 +86,8 @@ def parse_variant(text: str) -> dict:
     kind, *opts = text.split(":")
     if kind not in ("local", "ddp", "fsdp"):
         raise SystemExit(f"variant {text!r}: the kind must be local, ddp or fsdp")
-    v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False, "reshard": True}
+    v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False, "blocks": False,
+         "reshard": True}
     for o in opts:
         key, _, val = o.partition("=")
         if key == "bucket" and kind == "ddp" and val.isdigit():
@@ -94,11 +96,15 @@ def parse_variant(text: str) -> dict:
             v[key] = True
         elif key == "compile" and not val:
             v["compile"] = True
+        elif key == "blocks" and kind != "fsdp" and not val:
+            v["blocks"] = True
         elif key == "noreshard" and kind == "fsdp" and not val:
             v["reshard"] = False
         else:
-            raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, view, static, compile; "
-                             "fsdp takes noreshard, compile; local takes compile)")
+            raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, view, static, compile, "
+                             "blocks; fsdp takes noreshard, compile; local takes compile, blocks)")
+    if v["compile"] and v["blocks"]:
+        raise SystemExit(f"variant {text!r}: compile (the whole model) and blocks (each block) exclude each other")
     return v
 
 
@@ -163,6 +169,8 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
         model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
             module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
             gradient_as_bucket_view=v["view"], static_graph=v["static"])
+        if v["blocks"]:
+            compile_blocks(module)
         step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
     opt = make_optimizer(module, cfg, fused=cuda)                      # train.py's, parameter groups and all
 

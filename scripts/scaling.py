@@ -19,7 +19,8 @@ run. The data are prepared once per config first (python -m data.prepare), so th
 
 Concurrency: the runs of all configs share one queue and run at once on disjoint GPUs where they fit (--gpus of the
 visible ones; each run gets its own CUDA_VISIBLE_DEVICES and rendezvous port); --serial runs one at a time, for
-timings free of neighbours.
+timings free of neighbours. A study stopped part-way (a time limit, a lost machine) goes on with --resume and the same
+arguments: the runs it finished are kept, the others trained.
 
 Each config's folder is <out>/<config>-<backend>-<launcher> (with one config, --out is that folder; default parent
 runs/scaling): gpu*/ hold the runs' metrics.jsonl and run.json (their checkpoints are deleted), gpu*.log their output,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -59,6 +61,8 @@ class Run:
     gpus: int
     cost: float                     # steps × rows per GPU per step, in one-GPU steps: the schedule's duration guess
     port: int | None = None         # rendezvous port of an accelerate launch
+    steps: int = 0                  # its --train.max_steps
+    accum: int = 1                  # its --train.grad_accum
     ids: list[str] = field(default_factory=list)     # the physical GPUs it owns, set when scheduled
     start: float = 0.0              # when it started: seconds, or one-GPU steps in a dry run's estimate
 
@@ -86,19 +90,19 @@ def commands(config: str, backend: str, nprocs: list[int], fsdp: bool, steps: in
         return p, [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launcher),
                    "--num_processes", str(n), "--main_process_port", str(p)]
 
-    def run(name: str, n: int, length: int, extra: list[str]) -> Run:
+    def run(name: str, n: int, length: int, accum: int, extra: list[str]) -> Run:
         p, head = launch(n)
         argv = [*head, "train.py", "--config", config, "--backend", backend, f"--train.max_steps={length}",
                 "--train.log_interval=1", "--train.eval_interval=1000000", "--train.eval_batches=4",
                 "--train.ckpt_interval=1000000", "--train.progress=false", f"--train.out_dir={out}",
-                "--optim.warmup_steps=10", *overrides, f"--train.name={name}", *extra]
-        return Run(out, name, argv, n, length / n, p)
+                "--optim.warmup_steps=10", *overrides, f"--train.name={name}", f"--train.grad_accum={accum}",
+                *extra]
+        return Run(out, name, argv, n, length / n, p, length, accum)
 
-    runs = [run("gpu1", 1, steps, [f"--train.grad_accum={total}"])]
-    runs += [run(f"gpu{n}", n, steps if n == top else rate_steps, [f"--train.grad_accum={total // n}"])
-             for n in nprocs]
+    runs = [run("gpu1", 1, steps, total, [])]
+    runs += [run(f"gpu{n}", n, steps if n == top else rate_steps, total // n, []) for n in nprocs]
     if micro is not None:
-        runs.append(run(FLOOR, 1, steps, [f"--train.grad_accum={2 * total}", f"--train.micro_batch_size={micro // 2}"]))
+        runs.append(run(FLOOR, 1, steps, 2 * total, [f"--train.micro_batch_size={micro // 2}"]))
     data = [o for o in overrides if o.startswith("--data.")]
     return [sys.executable, "-m", "data.prepare", "--config", config, *data], runs
 
@@ -246,6 +250,21 @@ def finished(run: Run, rc: int | str, now: float) -> None:
     shutil.rmtree(run.folder / run.name / "checkpoints", ignore_errors=True)
 
 
+def done_before(run: Run) -> bool:
+    """Whether the run's folder already holds this run, finished: run.json with its GPU count, accumulation and
+    length, and a training row at its last step (what --resume keeps)."""
+    path = run.folder / run.name
+    try:
+        info = json.loads((path / "run.json").read_text())
+        train = info["config"]["train"]
+        if (info["world_size"], train["grad_accum"], train["max_steps"]) != (run.gpus, run.accum, run.steps):
+            return False
+        with open(path / "metrics.jsonl") as f:
+            return any(r.get("step") == run.steps and "loss" in r for r in map(json.loads, f))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def prepare(folder: Path, argv: list[str], env: dict[str, str]) -> None:
     """The config's data preparation, before any training; its failure stops the study."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -283,6 +302,8 @@ def main(argv: list[str] | None = None):
     p.add_argument("--serial", action="store_true", help="one run at a time (timings free of neighbours)")
     p.add_argument("--port", type=int, default=29500, help="first rendezvous port; each launch takes the next")
     p.add_argument("--skip", type=int, default=10, help="steps left out of the rates (compilation, autotuning)")
+    p.add_argument("--resume", action="store_true", help="keep the runs a stopped study already finished (same "
+                   "GPU count, accumulation and steps) and train only the others")
     p.add_argument("--run-timeout", type=int, default=0, help="seconds each run may take (0: no limit)")
     p.add_argument("--out", type=Path, help="one config: its folder (default runs/scaling/<config>-<backend>-"
                    "<launcher>); several: their parent (default runs/scaling); with --table, the stem of the table's "
@@ -339,8 +360,12 @@ def main(argv: list[str] | None = None):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NCCL_NVLS_ENABLE": "0"}
     for _, folder, prep, _ in studies:
         prepare(folder, prep, env)
+    kept = [r for r in queue if done_before(r)] if args.resume else []
+    for r in kept:
+        print(f"== kept {r.label}: finished before (--resume)", flush=True)
+    queue = [r for r in queue if r not in kept]
     print(f"== {len(queue)} runs on GPUs {','.join(ids)}, {mode}", flush=True)
-    results = execute(queue, ids, args.serial, args.run_timeout, env)
+    results = {**execute(queue, ids, args.serial, args.run_timeout, env), **{r: 0 for r in kept}}
     command = "python scripts/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     reports = []
     for config, folder, _, runs in studies:

@@ -30,14 +30,16 @@ def test_the_exposed_all_reduce_is_the_part_no_kernel_hides():
 
 
 @pytest.mark.parametrize("text,message", [("zero", "must be local, ddp or fsdp"), ("ddp:bucket=x", "unknown option"),
-                                          ("local:view", "unknown option"), ("ddp:noreshard", "unknown option")])
+                                          ("local:view", "unknown option"), ("ddp:noreshard", "unknown option"),
+                                          ("fsdp:blocks", "unknown option"), ("ddp:compile:blocks", "exclude")])
 def test_bad_variants(text, message):
     with pytest.raises(SystemExit, match=message):
         parse_variant(text)
     assert parse_variant("ddp:bucket=100:view:static:compile") == {
         "name": "ddp:bucket=100:view:static:compile", "kind": "ddp", "bucket": 100, "view": True, "static": True,
-        "compile": True, "reshard": True}
+        "compile": True, "blocks": False, "reshard": True}
     assert parse_variant("fsdp:noreshard:compile")["reshard"] is False
+    assert parse_variant("local:blocks")["blocks"] is True
 
 
 def test_a_cpu_profile_of_the_local_step(tmp_path):

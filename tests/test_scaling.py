@@ -301,7 +301,8 @@ a = dict(x[2:].split("=", 1) for x in sys.argv[1:] if x.startswith("--") and "="
 world = int(sys.argv[sys.argv.index("--num_processes") + 1]) if "--num_processes" in sys.argv else 1
 run = os.path.join(a["train.out_dir"], a["train.name"])
 os.makedirs(os.path.join(run, "checkpoints"))
-json.dump({"world_size": world}, open(os.path.join(run, "run.json"), "w"))
+train = {"max_steps": int(a["train.max_steps"]), "grad_accum": int(a["train.grad_accum"])}
+json.dump({"world_size": world, "config": {"train": train}}, open(os.path.join(run, "run.json"), "w"))
 rate = 1000 * world * (0.97 if world > 1 else 1) * (0.9 if "train.micro_batch_size" in a else 1)
 with open(os.path.join(run, "metrics.jsonl"), "w") as f:
     for s in range(1, int(a["train.max_steps"]) + 1):
@@ -310,9 +311,9 @@ with open(os.path.join(run, "metrics.jsonl"), "w") as f:
 """
 
 
-def test_a_study_end_to_end(tmp_path, monkeypatch):
-    """main trains two configs (train.py replaced by a script writing made-up metrics), prepares each config's data
-    first, deletes the checkpoints, reports each folder and gathers them into <out>/scaling."""
+@pytest.fixture
+def fake_training(tmp_path, monkeypatch):
+    """Studies whose runs are FAKE_TRAIN instead of train.py, on four made-up GPUs."""
     fake = tmp_path / "fake_train.py"
     fake.write_text(FAKE_TRAIN)
     real = scaling.commands
@@ -327,6 +328,11 @@ def test_a_study_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(scaling, "commands", commands)
     monkeypatch.setattr(scaling, "execute", functools.partial(execute, poll=0.02))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+
+
+def test_a_study_end_to_end(tmp_path, fake_training):
+    """main trains two configs (train.py replaced by a script writing made-up metrics), prepares each config's data
+    first, deletes the checkpoints, reports each folder and gathers them into <out>/scaling."""
     out = tmp_path / "ddp"
     reports = main(["--config", f"{GLA},{GDN}", "--nproc", "2,4", "--floor", "--steps", "20", "--rate-steps", "15",
                     "--skip", "2", "--out", str(out)])
@@ -342,3 +348,22 @@ def test_a_study_end_to_end(tmp_path, monkeypatch):
     assert [(r["config"], r["gpus"]) for r in rows] == [("gla_340m", 2), ("gla_340m", 4), ("gdn_340m", 2),
                                                         ("gdn_340m", 4)]
     assert (out / "scaling.md").is_file() and is_png(out / "scaling.png")
+
+
+def test_resume_keeps_only_the_runs_finished_as_planned(tmp_path, fake_training, capsys):
+    """--resume trains again a run cut short, one of another accumulation and one never started; a finished run of
+    the planned GPU count, accumulation and length is kept as it was."""
+    out = tmp_path / "gla"
+    argv = ["--config", GLA, "--nproc", "4", "--grad-accum", "1", "--steps", "6", "--skip", "2", "--out", str(out)]
+    main(argv)
+    gpu4 = out / "gpu4" / "metrics.jsonl"
+    gpu4.write_text(gpu4.read_text().replace('"tokens_per_s": 3880', '"tokens_per_s": 3000'))     # marks it
+    gpu1 = out / "gpu1" / "metrics.jsonl"
+    gpu1.write_text("".join(gpu1.read_text().splitlines(keepends=True)[:3]))                    # cut at step 3
+    capsys.readouterr()
+    s, = main([*argv, "--resume"])
+    assert "kept gla/gpu4" in capsys.readouterr().out
+    assert [p["efficiency"] for p in s["pairs"]] == [pytest.approx(0.75)] and s["failed"] == {}
+    assert len(gpu1.read_text().splitlines()) == 6
+    main([*argv[:-4], "--grad-accum", "2", "--out", str(out), "--resume"])          # another accumulation: retrained
+    assert '"tokens_per_s": 3000' not in gpu4.read_text()
