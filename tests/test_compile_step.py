@@ -176,22 +176,3 @@ def test_block_scope_compiles_under_fsdp2_and_equals_eager():
         torch._dynamo.reset()
     assert graphs and abs(got_loss - ref_loss) <= 1e-5 * abs(ref_loss)
     assert all(torch.allclose(g.full_tensor(), ref[n].full_tensor(), rtol=1e-5, atol=1e-7) for n, g in got.items())
-
-
-def test_cuda_graphs_mark_a_step_before_every_micro_batch(monkeypatch):
-    """With CUDA graphs every call of the compiled step (one a micro-batch) starts a new graph step first; without
-    that, the second micro-batch of an accumulated step overwrites outputs the first one's backward still reads.
-    (Capturing needs a GPU: torch.compile is replaced here by a recorder.)"""
-    from utils.compile import compiled_step
-
-    calls = []
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: (lambda *a: calls.append(("forward", kw["mode"]))))
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(("step", None)))
-    model = torch.nn.Linear(2, 2)
-    step = compiled_step(model, settings(compile="true", cuda_graphs=True, compile_scope="model"))
-    for _ in range(3):
-        step(None)
-    assert calls == [("step", None), ("forward", "reduce-overhead")] * 3
-    calls.clear()
-    compiled_step(model, settings(compile="true", compile_scope="model"))(None)
-    assert calls == [("forward", None)]

@@ -83,7 +83,7 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
 
 def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     """The module's forward compiled whole (fullgraph) with the configured backend and, with cuda_graphs,
-    Inductor's CUDA graphs, a new graph step marked before every call (one call per micro-batch). Static shapes: every training step has the same, and Dynamo would otherwise trace
+    Inductor's CUDA graphs. Static shapes: every training step has the same, and Dynamo would otherwise trace
     dynamic shapes once the same forward had been compiled at another shape in this process (a test's, say),
     where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models.
 
@@ -96,17 +96,7 @@ def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
         return model
     mode = "reduce-overhead" if cfg.train.cuda_graphs else None
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    compiled = torch.compile(model, fullgraph=not ddp, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
-    if not cfg.train.cuda_graphs:
-        return compiled
-
-    def replay(*args, **kwargs):
-        # Each micro-batch's backward has finished before the next forward: marking a new step lets the replay
-        # reuse the graph's memory, where Inductor would otherwise see the earlier outputs as still alive and stop
-        # with "accessing tensor output of CUDAGraphs that has been overwritten" at the second micro-batch.
-        torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args, **kwargs)
-    return replay
+    return torch.compile(model, fullgraph=not ddp, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
 
 
 def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> int:
