@@ -10,8 +10,10 @@ compiled for the no-grad evaluation and checkpoint keys do not change.
 `auto` compiles on a CUDA GPU, except for the recurrent families on `naive` (their chunk loops are many small
 PyTorch ops whose compilation would dominate a short parity or test run; GPT-2's `naive` is SDPA and compiles)
 and `fla` (its kernels are flash-linear-attention's autograd functions, not operators here); the run log says
-which and why. `cuda_graphs` adds Inductor's CUDA graphs (mode
-`reduce-overhead`): every step has the same shapes, so one graph replays each step's launches.
+which and why. `cuda_graphs` would add Inductor's CUDA graphs (mode `reduce-overhead`: every step has the same
+shapes, so one graph would replay each step's launches), but their trees fail at a training step's first backward
+on the GPU here, so resolve_compile refuses the setting with the upstream issue; compiled_step keeps the mode for
+when they do not.
 
 `compile_scope`: `model` compiles the whole forward as one graph; `blocks` compiles each block's forward
 (regional compilation): Dynamo traces the first block and reuses its code for every other (their parameters are
@@ -75,6 +77,12 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
         raise ConfigError(f"train.cuda_graphs are Inductor's; train.compile_backend is {tc.compile_backend!r}")
     if tc.cuda_graphs and device_type != "cuda":
         raise ConfigError("train.cuda_graphs needs a CUDA GPU; drop --train.cuda_graphs")
+    if tc.cuda_graphs:      # refused before the minute of compilation it would waste
+        raise ConfigError("train.cuda_graphs: Inductor's CUDA graph trees stop at the first backward of a training "
+                          "step here (\"accessing tensor output of CUDAGraphs that has been overwritten\", torch 2.11 "
+                          "on an H100, gla_340m on fused and chunk, also with a graph step marked per micro-batch; "
+                          "pytorch/pytorch#169545). Drop --train.cuda_graphs: the default compiled step runs the same "
+                          "kernels")
     if on:
         why += (f"; backend {tc.compile_backend}, scope {scope(tc)}" + (", CUDA graphs" if tc.cuda_graphs
                                                                               else ""))
