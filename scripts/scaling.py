@@ -90,7 +90,7 @@ def commands(config: str, backend: str, nprocs: list[int], fsdp: bool, steps: in
         return p, [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launcher),
                    "--num_processes", str(n), "--main_process_port", str(p)]
 
-    def run(name: str, n: int, length: int, accum: int, extra: list[str]) -> Run:
+    def run(name: str, n: int, length: int, accum: int, *extra: str) -> Run:
         p, head = launch(n)
         argv = [*head, "train.py", "--config", config, "--backend", backend, f"--train.max_steps={length}",
                 "--train.log_interval=1", "--train.eval_interval=1000000", "--train.eval_batches=4",
@@ -99,10 +99,10 @@ def commands(config: str, backend: str, nprocs: list[int], fsdp: bool, steps: in
                 *extra]
         return Run(out, name, argv, n, length / n, p, length, accum)
 
-    runs = [run("gpu1", 1, steps, total, [])]
-    runs += [run(f"gpu{n}", n, steps if n == top else rate_steps, total // n, []) for n in nprocs]
+    runs = [run("gpu1", 1, steps, total)]
+    runs += [run(f"gpu{n}", n, steps if n == top else rate_steps, total // n) for n in nprocs]
     if micro is not None:
-        runs.append(run(FLOOR, 1, steps, 2 * total, [f"--train.micro_batch_size={micro // 2}"]))
+        runs.append(run(FLOOR, 1, steps, 2 * total, f"--train.micro_batch_size={micro // 2}"))
     data = [o for o in overrides if o.startswith("--data.")]
     return [sys.executable, "-m", "data.prepare", "--config", config, *data], runs
 
