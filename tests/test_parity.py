@@ -200,7 +200,9 @@ def test_every_verdict_in_one_run(tmp_path, trains_in_process):
     assert result["seeds"] == [1337, 1338] and result["floor"] == "naive~" and result["exit_status"] == 1
     c = result["compared"]
     floor = c["naive~"]
-    assert floor["against"] == "naive" and all(0 < abs(d) < 1e-4 for d in floor["deltas"]), floor
+    # re-summed: it moves by rounding alone, at one seed at least (a seed may round back to the same fp32 loss)
+    assert floor["against"] == "naive" and all(abs(d) < 1e-4 for d in floor["deltas"]), floor
+    assert any(d != 0 for d in floor["deltas"]), floor
     assert c[same]["deltas"] == [0.0, 0.0] and c[same]["verdict"] == "equivalent" and c[same]["spread_ok"]
     assert c[wild]["verdict"] == "different" and c[wild]["lo"] > 1, c[wild]
     assert c[eps]["verdict"] == "undecided" and c[eps]["lo"] < 0 < c[eps]["hi"] and not c[eps]["spread_ok"], c[eps]
