@@ -15,8 +15,9 @@ def test_bench_decode_writes_its_report(tmp_path, monkeypatch):
     # utils.runinfo.environment imports fla for its version (seconds on a CPU); the report only prints it
     monkeypatch.setattr(bench_decode, "environment", lambda device: {"date": "d", "torch": "t", "triton": "tr",
                                                                      "fla": "f", "commit": "c"})
+    # 15 new tokens (9 + 15 fills max_seq_len): the peer's generate(15) must outlast generate(1) on a busy CPU too
     rows = main(["--configs", "gla_125m,gpt2_124m", "--backend", "naive", "--batches", "1,2", "--prompt", "9",
-                 "--new", "3", "--lengths", "5,30", "--flat-new", "2", "--out", str(tmp_path), *TOY])
+                 "--new", "15", "--lengths", "5,30", "--flat-new", "2", "--out", str(tmp_path), *TOY])
     ours = [r for r in rows if r["model"] == "ours" and r.get("series") != "flat"]
     assert [(r["config"], r["batch"], r["status"]) for r in ours] == [
         ("gla_125m", 1, "ok"), ("gla_125m", 2, "ok"), ("gpt2_124m", 1, "ok"), ("gpt2_124m", 2, "ok")]
