@@ -1,6 +1,6 @@
 """Triton helpers shared by every kernel folder under ops/.
 
-Host side: head-dim tiles (`tile`), the dot precision an input dtype takes (`dot_precision`), the SM count
+Host side: ceiling division and powers of two (`cdiv`, `next_power_of_2`), head-dim tiles (`tile`), the dot precision an input dtype takes (`dot_precision`), the SM count
 (`sm_count`), and the checks a Triton backend makes before launching (`check_triton_device`, `check_dtypes`).
 Kernel side (`@triton.jit`, inlined into their callers): addressing of contiguous time-major [B, T, H, D]
 tensors, the layout of every activation here. Row t of head h in batch b starts at ((b·T + t)·H + h)·D.
@@ -19,9 +19,20 @@ import triton.language as tl
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for host code. triton.cdiv is the same for kernels, but its constexpr-function wrapper costs
+    microseconds a call on the host, and an operator's launch path makes tens of these calls."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two ≥ n (1 for n ≤ 1), for host code (triton.next_power_of_2's value; see cdiv)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def tile(D: int) -> int:
     """A head-dim tile: the next power of two, at least 16 (tl.dot's minimum), at most 64."""
-    return min(64, max(16, triton.next_power_of_2(D)))
+    return min(64, max(16, next_power_of_2(D)))
 
 
 def dot_precision(x: torch.Tensor) -> str:

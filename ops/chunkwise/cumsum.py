@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import row_offsets
+from ops.triton_utils import cdiv, next_power_of_2, row_offsets
 
 
 @triton.jit
@@ -30,8 +30,8 @@ def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.cons
 def chunk_cumsum(x: torch.Tensor, chunk_size: int, reverse: bool = False) -> torch.Tensor:
     B, T, H, S = x.shape
     out = torch.empty(B, T, H, S, dtype=torch.float32, device=x.device)
-    BS = min(64, triton.next_power_of_2(S))
-    grid = (triton.cdiv(S, BS), triton.cdiv(T, chunk_size), B * H)
+    BS = min(64, next_power_of_2(S))
+    grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
     chunk_cumsum_kernel[grid](x.contiguous(), out, T, H, S, chunk_size, BS, reverse)
     return out
 

@@ -16,7 +16,6 @@ gradient is formed adds nothing to that: no pair without decay enters db (output
 from __future__ import annotations
 
 import torch
-import triton
 
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
@@ -24,7 +23,7 @@ from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chu
 from ops.chunkwise.cumsum import chunk_cumsum
 from ops.varlen import Documents
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.triton_utils import tile
+from ops.triton_utils import cdiv, tile
 
 CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -184,9 +183,9 @@ def stages_plan(device: torch.device, B: int, T: int, H: int, K: int, V: int, ch
                 scores: str = "intra-chunk scores", **_) -> str:
     """The stages chunk_decay_attention launches at these dims, for the run log (`scores`: how the intra-chunk
     scores are formed)."""
-    NT = triton.cdiv(T, chunk_size)
+    NT = cdiv(T, chunk_size)
     segments = split_segments(B, H, K, V, T, chunk_size, device) if split_state else 1
-    state = (f"state pass in {segments} ranges of {triton.cdiv(NT, segments)} chunks + carry fix-up" if segments > 1
+    state = (f"state pass in {segments} ranges of {cdiv(NT, segments)} chunks + carry fix-up" if segments > 1
              else f"state pass sequential over {NT} chunks")
     return (f"stages at C={chunk_size}: cumsum, {state}, {scores}, output; state tiles {tile(K)}x{tile(V)}; "
             "backward through the same stages")

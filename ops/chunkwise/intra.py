@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import dot_precision, load_rows, load_rows_t, row_offsets, tile
+from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, tile
 
 
 @triton.jit
@@ -199,7 +199,7 @@ def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16,
     BC = min(sub_chunk, chunk_size)
     A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
     NC = chunk_size // BC
-    grid = (triton.cdiv(T, chunk_size), NC * NC, B * H)
+    grid = (cdiv(T, chunk_size), NC * NC, B * H)
     chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), b.shape[-1] == 1, dot_precision(q),
                                  **(dict(num_warps=2, num_stages=2) | launch))   # the best of an H100 sweep
     return A
@@ -212,7 +212,7 @@ def chunk_intra_bwd(q, k, b, dA, scale: float, chunk_size: int, sub_chunk: int =
     BC, BK = min(sub_chunk, chunk_size), tile(K)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
-    grid = (triton.cdiv(K, BK) * (chunk_size // BC), triton.cdiv(T, chunk_size), B * H)
+    grid = (cdiv(K, BK) * (chunk_size // BC), cdiv(T, chunk_size), B * H)
     chunk_intra_bwd_kernel[grid](q, k, b, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1, dot_precision(q),
                                  num_warps=num_warps)
     return dq, dk

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ops.chunkwise.state import pad_chunks, chunk_last
-from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
+from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 
 
@@ -225,7 +225,7 @@ def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch):
     V = v.shape[-1]
     BK, BV = tile(K), tile(V)
     o = torch.empty_like(v)
-    grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
+    grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     chunk_fwd_o_kernel[grid](q, k, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
                              b.shape[-1] == 1, inline_a, dot_precision(v), **launch)
     return o
@@ -236,7 +236,7 @@ def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
     dA = torch.empty(B, T, H, chunk_size, dtype=torch.float32, device=v.device)
     # num_stages=1: software-pipelined (2 or 3 stages), Triton 3.6 miscompiles this loop on Hopper with bf16
     # operands and three or more V tiles (relative error 0.9); unpipelined it is right at every V.
-    chunk_bwd_dA_kernel[(triton.cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v),
+    chunk_bwd_dA_kernel[(cdiv(T, chunk_size), B * H)](do, v, dA, T, H, V, chunk_size, tile(V), dot_precision(v),
                                                              num_stages=1)
     return dA
 
@@ -246,7 +246,7 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
     V = do.shape[-1]
     BK, BV = tile(K), tile(V)
     dv = torch.empty_like(do)
-    grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
+    grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     chunk_bwd_dv_kernel[grid](k, b, A, do, dh, dv, T, dh.shape[1], H, K, V, chunk_size, BK, BV,
                               b.shape[-1] == 1, dot_precision(do), num_warps=num_warps)
     return dv
@@ -263,13 +263,13 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = tile(K), tile(V)
-    NK = triton.cdiv(K, BK)
+    NK = cdiv(K, BK)
     scalar = b.shape[-1] == 1
     num_stages = 1 if num_stages is None and scalar else num_stages
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
-    grid = (NK, triton.cdiv(T, chunk_size), B * H)
+    grid = (NK, cdiv(T, chunk_size), B * H)
     chunk_bwd_dqkb_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
                                 H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), num_warps=num_warps,
                                 **({} if num_stages is None else {"num_stages": num_stages}))

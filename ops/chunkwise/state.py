@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ops.varlen import Documents
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
-from ops.triton_utils import dot_precision, load_rows, row_offsets, sm_count, tile
+from ops.triton_utils import cdiv, dot_precision, load_rows, row_offsets, sm_count, tile
 
 
 @triton.jit
@@ -234,14 +234,14 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     docs (packed documents, B = 1, chunk-aligned; resets.py): the state restarts at each document from h0[n]
     ([N, H, K, V]) or zero and the final state is [N, H, K, V]; the scan is not split (segments must be 1)."""
     B, T, H, K = k.shape
-    V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = v.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
     h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=k.device) \
         if output_final_state else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], k.device, ht)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
+    grid = (cdiv(K, BK), cdiv(V, BV), B * H * S)
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
@@ -262,14 +262,14 @@ def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, docs: Docu
     The kept-state count is a compile-time constant of the kernel (S): one compile per training length.
     docs, h0: packed documents as chunk_fwd_h's (a document starting inside an interval restarts there)."""
     B, T, H, K = k.shape
-    V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = v.shape[-1], cdiv(T, chunk_size)
     NS, S = interval // chunk_size, h_kept.shape[1]
-    if interval % chunk_size or S != triton.cdiv(T, interval):
+    if interval % chunk_size or S != cdiv(T, interval):
         raise ValueError(f"chunk_fwd_h_from: states kept every {interval} rows of T = {T} ({S} given) cannot seed "
                          f"chunks of {chunk_size}")
     BK, BV = tile(K), tile(V)
     h = torch.empty(B, NT, H, K, V, dtype=k.dtype, device=k.device)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
+    grid = (cdiv(K, BK), cdiv(V, BV), B * H * S)
     chunk_fwd_h_kernel[grid](k, v, b, h, h_kept.contiguous(), None, None, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
                              b.shape[-1] == 1, h0 is not None and docs is not None, False, dot_precision(v), True,
                              **_reset_args(docs, 1, hd=h0), **(dict(num_warps=4, num_stages=1) | launch))
@@ -281,14 +281,14 @@ def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, s
     """Returns dh [B, NT, H, K, V] in q's dtype (gradient of the state *leaving* each chunk) and
     dh0 [B, H, K, V] fp32. b, segments, step_decays and docs as chunk_fwd_h's (docs: dht and dh0 [N, H, K, V])."""
     B, T, H, K = q.shape
-    V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = do.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
     dh = torch.empty(B, NT, H, K, V, dtype=q.dtype, device=q.device)
     dh0 = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=q.device) \
         if need_dh0 else None
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], q.device, dh0)
-    grid = (triton.cdiv(K, BK), triton.cdiv(V, BV), B * H * S)
+    grid = (cdiv(K, BK), cdiv(V, BV), B * H * S)
     chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, e, lam, scale, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
                               b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do), step_decays,
                               **_reset_args(docs, S))
@@ -328,19 +328,19 @@ def split_segments(B: int, H: int, K: int, V: int, T: int, chunk_size: int, devi
     """Segments for the split scan: about PROGRAMS_PER_SM programs per SM, none shorter than
     MIN_SEGMENT_CHUNKS chunks; 1 where the (K, V, batch·head) tiles already fill every SM once (there a split
     only adds the fix-up pass)."""
-    programs = triton.cdiv(K, tile(K)) * triton.cdiv(V, tile(V)) * B * H
-    sms, NT = sm_count(device), triton.cdiv(T, chunk_size)
+    programs = cdiv(K, tile(K)) * cdiv(V, tile(V)) * B * H
+    sms, NT = sm_count(device), cdiv(T, chunk_size)
     if programs >= sms:
         return 1
-    S = max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), NT // MIN_SEGMENT_CHUNKS))
+    S = max(1, min(cdiv(PROGRAMS_PER_SM * sms, programs), NT // MIN_SEGMENT_CHUNKS))
     return segment_plan(NT, S)[1]                           # the count chunk_fwd_h launches
 
 
 def segment_plan(NT: int, segments: int) -> tuple[int, int]:
     """Chunks per segment and the segment count actually launched for `segments` asked: equal
     ranges of cdiv(NT, segments) chunks, so none is empty (asking 33 of 1024 chunks runs 32)."""
-    NS = triton.cdiv(NT, segments)
-    return NS, triton.cdiv(NT, NS)
+    NS = cdiv(NT, segments)
+    return NS, cdiv(NT, NS)
 
 
 def pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:

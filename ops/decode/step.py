@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ops.library import kernel_op
+from ops.triton_utils import cdiv, next_power_of_2
 
 # State tiles of ≤ 4096 fp32 elements (KP · BV) over 4 warps, 32 per thread; BV ≥ 16. Under TRITON_INTERPRET=1
 # (CPU tests) 16 columns, so test sizes give several V-tiles and a ragged last one.
@@ -65,16 +66,16 @@ def recurrent_step_kernel(q, k, v, g, w, A, s, o, H, K, V, HPG, scale,
 
 def tiles(K: int, V: int, cuda: bool) -> tuple[int, int]:
     """(KP, BV): K padded to a power of two, and the V-tile width."""
-    kp = triton.next_power_of_2(K)
+    kp = next_power_of_2(K)
     if not cuda:
         return kp, INTERPRET_BV
-    return kp, max(16, min(CUDA_MAX_BV, CUDA_TILE // kp, triton.next_power_of_2(V)))
+    return kp, max(16, min(CUDA_MAX_BV, CUDA_TILE // kp, next_power_of_2(V)))
 
 
 def step_plan(device: torch.device, B: int, H: int, K: int, V: int, **_) -> str:
     """What the step launches at these sizes, for logs."""
     kp, bv = tiles(K, V, device.type == "cuda")
-    return f"one recurrent-step kernel, {B * H} x {triton.cdiv(V, bv)} programs of a [{kp}, {bv}] state tile"
+    return f"one recurrent-step kernel, {B * H} x {cdiv(V, bv)} programs of a [{kp}, {bv}] state tile"
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +105,7 @@ def recurrent_step(mode: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     g_ = dummy if g is None else _heads(g)
     w_ = dummy if w is None else w
     warps = dict(num_warps=WARPS) if v.is_cuda else {}
-    recurrent_step_kernel[(B * H, triton.cdiv(V, bv))](
+    recurrent_step_kernel[(B * H, cdiv(V, bv))](
         q, k, v, g_, w_, dummy if A is None else A, state, o, H, K, V, H // Hk, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g_.stride(0) if g is not None else 0, g_.stride(1) if g is not None else 0,

@@ -18,7 +18,6 @@ non-differentiable outputs, and register_autograd joins the two.
 from __future__ import annotations
 
 import torch
-import triton
 
 from ops import backend_fn, varlen
 from ops.library import absent, contiguous, kernel_op, maybe
@@ -28,7 +27,7 @@ from ops.chunkwise.intra import chunk_intra_bwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
 from ops.gated_delta.delta_state import MAX_K, delta_h_bwd, delta_h_fwd, state_tiles
 from ops.gated_delta.wy import wy_bwd, wy_fwd
-from ops.triton_utils import check_dtypes, check_triton_device
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device
 
 # 128 is not among them: the stages' [C, C] tiles at C = 128 need more shared memory than Hopper's 227 KB.
 CHUNK_SIZES = (16, 32, 64)
@@ -42,7 +41,7 @@ def plan(device: torch.device, B: int, T: int, H: int, K: int, V: int, chunk_siz
         return f"cannot run: K = {K} > {MAX_K} (the state kernels hold all of K in one program)"
     BK, BV = state_tiles(K, V, None)
     return (f"stages at C={chunk_size}: cumsum, WY transform, delta-rule state pass sequential over "
-            f"{triton.cdiv(T, chunk_size)} chunks (state tile {BK}x{BV}, {triton.cdiv(V, BV) * B * H} programs), "
+            f"{cdiv(T, chunk_size)} chunks (state tile {BK}x{BV}, {cdiv(V, BV) * B * H} programs), "
             "output; backward through the same stages")
 
 

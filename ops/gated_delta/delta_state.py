@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
+from ops.triton_utils import cdiv, load_rows, load_rows_t, next_power_of_2, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 from ops.gated_delta.wy import per_chunk, per_step
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
@@ -126,7 +126,7 @@ def state_tiles(K: int, V: int, BV: int | None) -> tuple[int, int]:
     """(BK, BV): all of K in one program, V in tiles."""
     if K > MAX_K:
         raise ValueError(f"the delta-rule state kernels hold all of K in one program: K ≤ {MAX_K}, got {K}")
-    return max(16, triton.next_power_of_2(K)), BV or tile(V)
+    return max(16, next_power_of_2(K)), BV or tile(V)
 
 
 def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None,
@@ -137,13 +137,13 @@ def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tens
     [B, H, K, V] fp32, or None. docs: packed documents in the chunk-aligned layout (h0 and the final state
     [N, H, K, V])."""
     B, T, H, K = k.shape
-    V, NT = u.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = u.shape[-1], cdiv(T, chunk_size)
     BK, BV = state_tiles(K, V, BV)
     h = torch.empty(B, NT, H, K, V, dtype=state_dtype or k.dtype, device=k.device)
     v_new = torch.empty_like(u)
     ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=k.device) \
         if output_final_state else None
-    delta_h_fwd_kernel[(triton.cdiv(V, BV), B * H)](k, w, u, b, h, v_new, h0, ht, T, NT, H, K, V, chunk_size, BK, BV,
+    delta_h_fwd_kernel[(cdiv(V, BV), B * H)](k, w, u, b, h, v_new, h0, ht, T, NT, H, K, V, chunk_size, BK, BV,
                                                      h0 is not None, output_final_state, dot_precision(u),
                                                      num_warps=num_warps, **reset_args(docs))
     return h, v_new, ht
@@ -158,7 +158,7 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
     docs: packed documents as delta_h_fwd's (dht and dh0 [N, H, K, V]).
     num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory pipelined."""
     B, T, H, K = q.shape
-    V, NT = do.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = do.shape[-1], cdiv(T, chunk_size)
     BK, BV = state_tiles(K, V, BV)
     dh = torch.empty(B, NT, H, K, V, dtype=state_dtype or q.dtype, device=q.device)
     dv_new = torch.empty(B, T, H, V, dtype=torch.float32, device=q.device)
@@ -166,7 +166,7 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
         if need_dh0 else None
     if num_stages is None:   # fp32 at K = V = 128: pipelined, the loop asked for 312 KB of shared memory (H100: 227)
         num_stages = 1 if do.element_size() == 4 and BK * BV > 4096 else 3
-    delta_h_bwd_kernel[(triton.cdiv(V, BV), B * H)](q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
+    delta_h_bwd_kernel[(cdiv(V, BV), B * H)](q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
                                                      chunk_size, BK, BV, dht is not None, need_dh0,
                                                      dot_precision(do), num_warps=num_warps, num_stages=num_stages,
                                                      **reset_args(docs))

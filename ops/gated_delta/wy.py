@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import load_rows, load_rows_t, row_offsets, store_rows
+from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 
 
@@ -273,7 +273,7 @@ def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     Ai = torch.empty(B, T, H, chunk_size, dtype=k.dtype, device=k.device)
     w, u = torch.empty_like(k), torch.empty_like(v)
     BC = max(16, chunk_size // 4)
-    wy_fwd_kernel[(triton.cdiv(T, chunk_size), B * H)](k, v, b, beta, Ai, w, u, T, H, K, V, chunk_size, BC,
+    wy_fwd_kernel[(cdiv(T, chunk_size), B * H)](k, v, b, beta, Ai, w, u, T, H, K, V, chunk_size, BC,
                                                         chunk_size // BC, tile(K), tile(V), dot_precision(k),
                                                         num_warps=num_warps or (2 if BC == 16 else 8))
     return Ai, w, u
@@ -288,7 +288,7 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     num_warps: None picks 4, or 8 for fp32 at C = 128: there the [C, C] fp32 dots (no tensor cores) at 4 warps
     keep Triton 3.6's PTX lowering busy for minutes; at 8 it compiles in under one."""
     B, T, H, K = k.shape
-    V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = v.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     prec = dot_precision(k)
     if num_warps is None:
@@ -300,7 +300,7 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     db = torch.empty_like(dbeta)
     wy_bwd_kernel[(NT, B * H)](k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H, K, V,
                                chunk_size, BK, BV, prec, num_warps=num_warps)
-    wy_bwd_dk_kernel[(triton.cdiv(K, BK), NT, B * H)](k, M, dk_wy, dk_in, dk, T, H, K, chunk_size, BK, prec,
+    wy_bwd_dk_kernel[(cdiv(K, BK), NT, B * H)](k, M, dk_wy, dk_in, dk, T, H, K, chunk_size, BK, prec,
                                                       num_warps=num_warps)
     return dk, dv, dbeta, db
 

@@ -17,7 +17,6 @@ import functools
 from collections.abc import Callable
 
 import torch
-import triton
 
 from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import (CHUNK_SIZES as STAGE_CHUNK_SIZES, check_inputs, chunk_decay_attention,
@@ -31,7 +30,7 @@ from ops.gla.movement import bwd_key_tile, device_model, kernel_tiles, scan_pays
 from ops.gla.scan import MAX_RANGE, fused_scan_fwd
 from ops.gla.scan_bwd import fused_scan_bwd
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.triton_utils import check_dtypes, check_triton_device
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device
 
 COMPONENTS = ("chunk", "state")
 CHUNK_SIZES = (16, 32, 64, 128, 256)
@@ -183,7 +182,7 @@ def plan(fuse_chunk: bool, split_state: bool, device: torch.device, B: int, T: i
     elem = torch.empty((), dtype=dtype).element_size()
     if scan_forward(B, T, H, K, V, C, elem, device, segments):
         t = kernel_tiles(B, T, H, K, V, C, elem, device_model(device))
-        fwd = f"forward: one-launch scan over {triton.cdiv(T, C)} chunks of {C} (V tile {t.BV}, {t.num_warps} warps)"
+        fwd = f"forward: one-launch scan over {cdiv(T, C)} chunks of {C} (V tile {t.BV}, {t.num_warps} warps)"
     else:
         fwd = "forward: " + stages_plan(device, B, T, H, K, V, C, split_state,
                                         scores="intra-chunk scores fused per chunk").split(";")[0]

@@ -20,7 +20,7 @@ import triton.language as tl
 from ops.chunkwise.intra import diag_scores, offdiag_scores
 from ops.gla.sub_block_bwd import chunk_decay
 from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
-from ops.triton_utils import dot_precision, row_offsets, tile
+from ops.triton_utils import cdiv, dot_precision, row_offsets, tile
 
 
 @triton.jit
@@ -77,7 +77,7 @@ def fused_intra_fwd(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, scale: fl
     # the [C, C] fp32 scores and two [C, BK] operands in registers: 8 warps from C = 128
     launch = dict(num_warps=4 if chunk_size <= 64 else 8, num_stages=2) | launch
     A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
-    fused_intra_fwd_kernel[(triton.cdiv(T, chunk_size), B * H)](q, k, b, A, scale, T, H, K, chunk_size,
+    fused_intra_fwd_kernel[(cdiv(T, chunk_size), B * H)](q, k, b, A, scale, T, H, K, chunk_size,
                                                                 min(16, chunk_size), BK, float(max_range),
                                                                 dot_precision(q), split, **launch)
     return A

@@ -27,7 +27,7 @@ import triton.language as tl
 from ops.chunkwise.resets import reset_args, reset_fwd, store_last
 from ops.varlen import Documents
 from ops.gla.movement import MIN_BV, device_model, kernel_tiles
-from ops.triton_utils import dot_precision, row_offsets
+from ops.triton_utils import cdiv, dot_precision, next_power_of_2, row_offsets
 
 MAX_RANGE = 64.0   # exp(64) = 6e27: q̃ and every masked-out score stay far below fp32's and bf16's 3e38
 
@@ -140,7 +140,7 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     its choices at K = 64 and at K = 128, V = 256 match the best of H100 sweeps).
     docs: packed documents in the chunk-aligned layout (B = 1; initial and final states [N, H, K, V])."""
     B, T, H, K = q.shape
-    V, NT = v.shape[-1], triton.cdiv(T, chunk_size)
+    V, NT = v.shape[-1], cdiv(T, chunk_size)
     interval = interval or chunk_size
     if interval % chunk_size:
         raise ValueError(f"fused_scan_fwd keeps states every interval = {interval} rows: a multiple of the "
@@ -161,10 +161,10 @@ def fused_scan_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=q.device) \
         if output_final_state else None
     b = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device) if save else None
-    h = torch.empty(B, triton.cdiv(T, interval), H, K, V, dtype=v.dtype, device=q.device) if save else None
+    h = torch.empty(B, cdiv(T, interval), H, K, V, dtype=v.dtype, device=q.device) if save else None
     h0 = initial_state.contiguous() if initial_state is not None else None
-    BK = max(16, triton.next_power_of_2(K))
-    grid = (triton.cdiv(V, BV), B * H)
+    BK = max(16, next_power_of_2(K))
+    grid = (cdiv(V, BV), B * H)
     fused_scan_fwd_kernel[grid](q, k, v, g, o, b, h, h0, ht, scale, T, NT, H, K, V, chunk_size, interval // chunk_size,
                                 BK, BV, float(max_range), h0 is not None, output_final_state, save, dot_precision(v),
                                 v.dtype != torch.float32, **tiles,

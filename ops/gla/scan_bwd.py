@@ -30,7 +30,7 @@ import triton.language as tl
 from ops.gla.sub_block_bwd import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
 from ops.gla.movement import bwd_key_tile
-from ops.triton_utils import dot_precision, row_offsets
+from ops.triton_utils import cdiv, dot_precision, next_power_of_2, row_offsets
 
 
 @triton.jit
@@ -146,17 +146,17 @@ def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.T
     # the H100 sweeps' best (movement.bwd_key_tile). BV 32 with BK 64 and 4 warps hits an illegal memory access
     # on the H100 (Triton 3.6's 64-row Hopper miscompile); the defaults never run into it.
     BK = launch.pop("BK", bwd_key_tile(K))
-    BV = launch.pop("BV", min(64, max(16, triton.next_power_of_2(V))))
+    BV = launch.pop("BV", min(64, max(16, next_power_of_2(V))))
     launch = dict(num_warps=4, num_stages=2) | launch
     with_dv = BK >= K
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     db = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     args = (float(max_range), dot_precision(v), v.dtype != torch.float32)
-    fused_scan_bwd_dqk_kernel[(triton.cdiv(K, BK), NT, B * H)](q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, NT,
+    fused_scan_bwd_dqk_kernel[(cdiv(K, BK), NT, B * H)](q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, NT,
                                                                H, K, V, chunk_size, BK, BV, args[0], with_dv,
                                                                *args[1:], **launch)
     if not with_dv:
-        fused_scan_bwd_dv_kernel[(triton.cdiv(V, BV), NT, B * H)](q, k, b, do, dh, dv, scale, T, NT, H, K, V,
+        fused_scan_bwd_dv_kernel[(cdiv(V, BV), NT, B * H)](q, k, b, do, dh, dv, scale, T, NT, H, K, V,
                                                                   chunk_size, BK, BV, *args, **launch)
     # the chunks skipped above (decay beyond max_range), by the sub-block kernels; every other
     # program of theirs returns at once

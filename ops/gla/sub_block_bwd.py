@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ops.chunkwise.intra import diag_scores
 from ops.chunkwise.output import state_grads
-from ops.triton_utils import dot_precision, load_rows, load_rows_t, row_offsets, store_rows, tile
+from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, store_rows, tile
 
 
 @triton.jit
@@ -195,7 +195,7 @@ def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk
     V = do.shape[-1]
     BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
     dv = torch.empty_like(do) if out is None else out
-    grid = (triton.cdiv(V, BV), triton.cdiv(T, chunk_size), B * H)
+    grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     fused_chunk_bwd_dv_kernel[grid](q, k, b, do, dh, dv, scale, T, dh.shape[1], H, K, V, chunk_size, BC, BK, BV,
                                     dot_precision(do), float(min_range), **launch)
     return dv
@@ -212,7 +212,7 @@ def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, su
     BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
     dq, dk, db = out or (torch.empty_like(q), torch.empty_like(k),
                          torch.empty(B, T, H, K, dtype=torch.float32, device=q.device))
-    grid = (triton.cdiv(K, BK), triton.cdiv(T, chunk_size), B * H)
+    grid = (cdiv(K, BK), cdiv(T, chunk_size), B * H)
     # num_stages=1 by default: output.chunk_bwd_dA's do vᵀ loop over V tiles miscompiled on the H100
     # when software-pipelined (bf16, ≥ 3 V tiles); this kernel runs the same loop.
     fused_chunk_bwd_dqk_kernel[grid](q, k, v, b, h, do, dh, dq, dk, db, scale, T, dh.shape[1], H, K, V, chunk_size,

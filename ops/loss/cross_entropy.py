@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton_utils import next_power_of_2
+
 BLOCK = 4096                      # vocab columns per step on a GPU (8 warps: 16 per thread)
 INTERPRET_BLOCK = 32              # under TRITON_INTERPRET=1 (tests): several blocks at test vocab sizes
 
@@ -58,6 +60,6 @@ def ce_rows(z: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, grad: b
     if z.stride(1) != 1:
         raise ValueError("ce_rows: z needs unit column stride")
     loss = torch.empty(rows, device=z.device, dtype=torch.float32)
-    opts = dict(BLOCK=min(BLOCK, triton.next_power_of_2(V)), num_warps=8) if z.is_cuda else dict(BLOCK=INTERPRET_BLOCK)
+    opts = dict(BLOCK=min(BLOCK, next_power_of_2(V)), num_warps=8) if z.is_cuda else dict(BLOCK=INTERPRET_BLOCK)
     ce_rows_kernel[(rows,)](z, targets, scale, loss, V, z.stride(0), IGNORE=ignore, GRAD=grad, **opts)
     return loss

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.triton_utils import cdiv
+
 # Under TRITON_INTERPRET=1 (CPU tests): small fixed tiles, so test sizes give several programs, ragged edges
 # in rows, columns and K, and column tiles that straddle the projections' slice boundaries.
 INTERPRET_TILES = dict(BM=16, BN=16, BK=16, GROUP=2)
@@ -22,10 +24,10 @@ def launch_gemm(tuned: Callable, kernel: Callable, M: int, N: int, args: tuple, 
     """One program per [BM, BN] tile of an [M, N] output: `tuned` (the autotuned kernel) on a GPU, `kernel`
     with INTERPRET_TILES under the interpreter. on: a tensor whose device decides."""
     if on.is_cuda:
-        tuned[lambda m: (triton.cdiv(M, m["BM"]) * triton.cdiv(N, m["BN"]),)](*args, **meta)
+        tuned[lambda m: (cdiv(M, m["BM"]) * cdiv(N, m["BN"]),)](*args, **meta)
     else:
         t = INTERPRET_TILES
-        kernel[(triton.cdiv(M, t["BM"]) * triton.cdiv(N, t["BN"]),)](*args, **meta, **t)
+        kernel[(cdiv(M, t["BM"]) * cdiv(N, t["BN"]),)](*args, **meta, **t)
 
 
 @triton.jit

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ops import varlen
 from ops.library import absent, contiguous, kernel_op, maybe
+from ops.triton_utils import cdiv, next_power_of_2
 
 EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py uses it
 MAX_WIDTH = 8
@@ -148,13 +149,13 @@ def short_conv_bwd_kernel(x, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps, W: tl
 def _tiles(C: int, head_dim: int | None, cuda: bool) -> tuple[dict, int]:
     """The kernels' tile constexprs (HD, HDP, NH, BT) and the number of channel blocks."""
     hd = head_dim if head_dim is not None else (CUDA_BC if cuda else INTERPRET_BC)
-    hdp = triton.next_power_of_2(hd)
+    hdp = next_power_of_2(hd)
     if cuda:
         nh = max(1, CUDA_BC // hdp) if head_dim is not None else 1
         bt = max(1, min(CUDA_BT, CUDA_TILE // (nh * hdp)))
     else:
         nh, bt = max(1, INTERPRET_BC // hdp) if head_dim is not None else 1, INTERPRET_BT
-    return dict(HD=hd, HDP=hdp, NH=nh, BT=bt), triton.cdiv(C, nh * hd)
+    return dict(HD=hd, HDP=hdp, NH=nh, BT=bt), cdiv(C, nh * hd)
 
 
 def conv_plan(C: int, head_dim: int | None, device: torch.device) -> str:
@@ -178,7 +179,7 @@ def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
     y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
     warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
-    grid = (triton.cdiv(T, tiles["BT"]), nc, B)
+    grid = (cdiv(T, tiles["BT"]), nc, B)
     short_conv_fwd_kernel[grid](x, weight, weight if bias is None else bias, y, T, C, x.stride(0), x.stride(1),
                                 EPS, W=weight.shape[1], HAS_BIAS=bias is not None, NORM=head_dim is not None,
                                 **tiles, **warps, **_pos_args(pos))
@@ -205,7 +206,7 @@ def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     B, T, C = x.shape
     W = weight.shape[1]
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
-    nt = triton.cdiv(T, tiles["BT"])
+    nt = cdiv(T, tiles["BT"])
     dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
     dw = torch.empty(B * nt, C, W, device=x.device, dtype=torch.float32)       # every program writes its row
     db = torch.empty(B * nt, C, device=x.device, dtype=torch.float32) if bias is not None else dw

@@ -37,7 +37,7 @@ from ops import backend_fn
 from ops.library import absent, contiguous, kernel_op
 from ops.proj.gemm import INTERPRET_TILES, launch_gemm
 from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
-from ops.triton_utils import check_dtypes, check_triton_device, dot_precision
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device, dot_precision, next_power_of_2
 
 COMPONENTS = ("proj",)
 # The Triton forward GEMM and the pointer-load dx: 4 configs each (TMA_CONFIGS below for dx by TMA), keyed on the
@@ -79,7 +79,7 @@ def _prune(configs, named_args, **kwargs):
     """Drop tiles wider than the output they cover, dx's D columns or the forward's 2HK + 2HV (keep the narrowest
     if none is left)."""
     width = named_args["D"] if "dx" in named_args else 2 * named_args["HK"] + 2 * named_args["HV"]
-    n = triton.next_power_of_2(width)
+    n = next_power_of_2(width)
     kept = [c for c in configs if c.kwargs["BN"] <= max(n, 64)]
     return kept or [min(configs, key=lambda c: c.kwargs["BN"])]
 
@@ -176,18 +176,18 @@ def triton_dgrad(grads: list[torch.Tensor], w_cat: torch.Tensor, HK: int, HV: in
     if not tma_addressable([*grads, w_cat, dx]):
         launch_gemm(_dgrad_tuned, dgrad_kernel, M, D, (*grads, w_cat, dx, M, D, HK, HV, L), w_cat, PREC=prec)
         return dx
-    BL = max(16, triton.next_power_of_2(L))
+    BL = max(16, next_power_of_2(L))
     # the block shapes are placeholders on a GPU: the autotuner's pre-hook sets each config's own
     descs = [TensorDescriptor.from_tensor(t, [16, 16]) for t in (*grads, w_cat, w_cat, dx)]
     args = (*descs, M, D, HK, HV, L)
     if w_cat.is_cuda:
         sms = torch.cuda.get_device_properties(w_cat.device).multi_processor_count
-        tiles = lambda m: triton.cdiv(M, m["BM"]) * triton.cdiv(D, m["BN"])                 # noqa: E731
+        tiles = lambda m: cdiv(M, m["BM"]) * cdiv(D, m["BN"])                 # noqa: E731
         _dgrad_tma_tuned[lambda m: (min(tiles(m), m["PER_SM"] * sms),)](*args, PREC=prec, BL=BL)
     else:                 # a few programs, so that each walks several tiles (ragged edges among them)
         t = dict(INTERPRET_TILES, BN=32, PER_SM=1)
         _tma_blocks(dict(zip(("dq", "dk", "dv", "dr", "dlow", "w", "w_low", "dx"), descs), BL=BL, **t))
-        programs = min(3, triton.cdiv(M, t["BM"]) * triton.cdiv(D, t["BN"]))
+        programs = min(3, cdiv(M, t["BM"]) * cdiv(D, t["BN"]))
         dgrad_tma_kernel[(programs,)](*args, PREC=prec, BL=BL, **t)
     return dx
 
@@ -202,7 +202,7 @@ def wgrad(da: torch.Tensor, a: torch.Tensor, out_dtype: torch.dtype) -> torch.Te
 
 def _gk_tiles(on: torch.Tensor, L: int, launch: dict, names: tuple[str, ...]) -> tuple[dict, dict]:
     """(tile sizes, launch options) of a gk kernel: BL pads the rank to a power of two ≥ 16 (tl.dot's minimum)."""
-    bl = max(16, triton.next_power_of_2(L))
+    bl = max(16, next_power_of_2(L))
     t = launch if on.is_cuda else INTERPRET_GK
     return {**{k: t[k] for k in names}, "BL": bl}, {k: v for k, v in t.items() if k.startswith("num_")}
 
@@ -219,7 +219,7 @@ def prologue(x: torch.Tensor, w_down: torch.Tensor, w_up: torch.Tensor, b_up: to
     low = torch.empty(M, L, device=x.device, dtype=dtype)    # its own tensor: saving it keeps only M·L alive
     gk = torch.empty(M, HK, device=x.device, dtype=torch.float32)
     t, opts = _gk_tiles(x, L, PROLOGUE, ("BR", "BK", "BN"))
-    prologue_kernel[(triton.cdiv(M, t["BR"]),)](x, xc, w_down, low, w_up, b_up, gk, M, D, HK, L, inv_norm,
+    prologue_kernel[(cdiv(M, t["BR"]),)](x, xc, w_down, low, w_up, b_up, gk, M, D, HK, L, inv_norm,
                                                STORE_XC=store, PREC=dot_precision(xc), **t, **opts)
     return xc, low, gk
 
@@ -233,10 +233,10 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
     `launch` bounds."""
     (M, L), HK = low.shape, w_up.shape[0]
     t, opts = _gk_tiles(low, L, GK_BWD, ("BR", "BN"))
-    n_col = triton.cdiv(HK, t["BN"])
-    ranges = max(1, min(triton.cdiv(M, t["BR"]), GK_BWD_PROGRAMS // n_col))
-    rows = triton.cdiv(triton.cdiv(M, ranges), t["BR"]) * t["BR"]
-    ranges = triton.cdiv(M, rows)
+    n_col = cdiv(HK, t["BN"])
+    ranges = max(1, min(cdiv(M, t["BR"]), GK_BWD_PROGRAMS // n_col))
+    rows = cdiv(cdiv(M, ranges), t["BR"]) * t["BR"]
+    ranges = cdiv(M, rows)
     f32 = dict(device=low.device, dtype=torch.float32)
     dlow_p, dwu_p = torch.empty(n_col, M, L, **f32), torch.empty(ranges, L, HK, **f32)
     db_p = torch.empty(ranges, HK, **f32)

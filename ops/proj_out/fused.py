@@ -34,7 +34,7 @@ from ops import backend_fn
 from ops.library import contiguous, kernel_op
 from ops.proj.gemm import launch_gemm
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
-from ops.triton_utils import check_dtypes, check_triton_device, dot_precision
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device, dot_precision, next_power_of_2
 
 COMPONENTS = ("proj",)
 # The GEMM's tiles: 6 configs, keyed on (d, H·V) and the residual switch, never on the rows. 128×256 and
@@ -64,7 +64,7 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 
 def _prune(configs, named_args, **kwargs):
     """Drop tiles wider than the matrix they cover (keep the narrowest if none is left)."""
-    n, k = triton.next_power_of_2(named_args["N"]), triton.next_power_of_2(named_args["K"])
+    n, k = next_power_of_2(named_args["N"]), next_power_of_2(named_args["K"])
     kept = [c for c in configs if c.kwargs["BN"] <= max(n, 64) and c.kwargs["BK"] <= max(k, 16)]
     return kept or [min(configs, key=lambda c: c.kwargs["BN"])]
 
@@ -75,7 +75,7 @@ _gemm_tuned = triton.autotune(GEMM_CONFIGS, key=["N", "K", "HAS_RES"],
 
 def _rows_per_tile(V: int, cuda: bool) -> tuple[int, int]:
     """(BV, BR): a head padded to a power of two, and the head-rows a program takes per step."""
-    bv = triton.next_power_of_2(V)
+    bv = next_power_of_2(V)
     return bv, max(1, (TILE_ELEMS if cuda else INTERPRET_TILE_ELEMS) // bv)
 
 
@@ -95,7 +95,7 @@ def gate_fwd(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, eps: float, V: 
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
-    gate_fwd_kernel[(triton.cdiv(R, br),)](o, r, nw, g, R, r.stride(0), eps, H=o.shape[1] // V, V=V, BV=bv, BR=br,
+    gate_fwd_kernel[(cdiv(R, br),)](o, r, nw, g, R, r.stride(0), eps, H=o.shape[1] // V, V=V, BV=bv, BR=br,
                                            GATE_FIRST=gate_first, **warps)
     return g
 
@@ -119,7 +119,7 @@ def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tenso
     R = o.numel() // V
     bv, br = _rows_per_tile(V, o.is_cuda)
     loop = max(BWD_LOOP, BWD_MIN_ROWS // br) if o.is_cuda else INTERPRET_BWD_LOOP
-    programs = triton.cdiv(R, br * loop)
+    programs = cdiv(R, br * loop)
     dnw = torch.empty(programs, V, device=o.device, dtype=torch.float32)      # every program writes its row
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
     gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, r.stride(0), eps, H=o.shape[1] // V, V=V, BV=bv,

@@ -20,14 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import triton
 
 from ops import backend_fn
 from ops.library import absent, contiguous, kernel_op, maybe
 from ops.ramla import far
 from ops.ramla.bwd_passes import ramla_bwd_delta_kernel, ramla_bwd_reduce_kernel
 from ops.ramla.flash_kernels import ramla_bwd_dkv_kernel, ramla_bwd_dq_kernel, ramla_fwd_kernel
-from ops.triton_utils import check_dtypes, check_triton_device, dot_precision, sm_count
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device, dot_precision, sm_count
 
 COMPONENTS = ()                  # the whole op is one fused component; `--fuse` has nothing to choose here
 LATENT_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 16 is tl.dot's minimum
@@ -98,7 +97,7 @@ def ramla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alpha: torch.Te
     if far_kernel:   # SDPA's aux (dropout's RNG state) is not kept: without dropout the backward has stand-ins
         o_far, lse_far, _ = far.forward(far_kernel, *far_inputs(q, k, v, W), scale)
     fwd = TILES["fwd"]
-    ramla_fwd_kernel[(H, triton.cdiv(T, fwd["BM"]), B)](
+    ramla_fwd_kernel[(H, cdiv(T, fwd["BM"]), B)](
         q, k, v, o, lse, a, scale, B, T, W, o_far, lse_far, *far_strides(o_far, far_kernel),
         *far_strides(lse_far, far_kernel), H=H, L=L, BAND=band, PREC=dot_precision(q), FAR=bool(far_kernel),
         **fwd)
@@ -125,7 +124,7 @@ def ramla_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     HP = heads_per_program(B, T, H, q.device)
     G = H // HP
     delta = torch.empty(H, B, T, device=q.device, dtype=torch.float32)
-    ramla_bwd_delta_kernel[(triton.cdiv(H * B * T, ROWS),)](o, do, delta, H * B * T, L=L, BR=ROWS)
+    ramla_bwd_delta_kernel[(cdiv(H * B * T, ROWS),)](o, do, delta, H * B * T, L=L, BR=ROWS)
     dq_far = dk_far = dv_far = delta                                                  # dummy pointers
     if far_kernel:   # first, so that the dq kernel adds dq_far (SDPA's, in bf16) to its fp32 sum before storing
         fq, fk, fv = far_inputs(q, k, v, W)
@@ -139,17 +138,17 @@ def ramla_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     dq_band = torch.empty(H, B, T, L, **f32) if band else dk_part
     cap = {"maxnreg": PLAIN_MAXNREG} if PLAIN_MAXNREG and not band else {}
     dkv, dqt = {**TILES["dkv"], **cap}, {**TILES["dq"], **cap}
-    dalpha = torch.empty(B, triton.cdiv(T, dkv["BN"]), G, **f32)
+    dalpha = torch.empty(B, cdiv(T, dkv["BN"]), G, **f32)
     a = _alpha(alpha, q, lse)
     meta = dict(H=H, HP=HP, KS=KS, L=L, BAND=band, PREC=dot_precision(q), FAR=bool(far_kernel))
-    ramla_bwd_dkv_kernel[(G, B, triton.cdiv(T, dkv["BN"]))](q, k, v, do, lse, delta, a, dk_part, dv_part,
+    ramla_bwd_dkv_kernel[(G, B, cdiv(T, dkv["BN"]))](q, k, v, do, lse, delta, a, dk_part, dv_part,
                                                             dq_band, dalpha, scale, B, T, W, **meta, **dkv)
     dq = torch.empty_like(q)
-    ramla_bwd_dq_kernel[(G, B, triton.cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
+    ramla_bwd_dq_kernel[(G, B, cdiv(T, dqt["BM"]))](q, k, v, do, lse, delta, a, dq_band, dq, dk_part,
                                                            scale, B, T, W, dq_far,
                                                            *far_strides(dq_far, far_kernel), **meta, **dqt)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    ramla_bwd_reduce_kernel[(triton.cdiv(T, ROWS), B)](
+    ramla_bwd_reduce_kernel[(cdiv(T, ROWS), B)](
         dk_part, dv_part, dk_far, dv_far, dk, dv, T, T - W - 1, *far_strides(dk_far, far_kernel),
         *far_strides(dv_far, far_kernel), KS=KS, VS=G, H=H, L=L, BT=ROWS, FAR=bool(far_kernel))
     da = dalpha.sum().reshape(alpha.shape).to(alpha) if band else absent(q)
@@ -218,7 +217,7 @@ def heads_per_program(B: int, T: int, H: int, device: torch.device) -> int:
         if H % HEADS_PER_PROGRAM:
             raise ValueError(f"ramla: HEADS_PER_PROGRAM={HEADS_PER_PROGRAM} does not divide H={H}")
         return HEADS_PER_PROGRAM
-    blocks = B * triton.cdiv(T, TILES["dkv"]["BN"])
+    blocks = B * cdiv(T, TILES["dkv"]["BN"])
     fits = [hp for hp in range(1, H + 1) if H % hp == 0 and blocks * (H // hp) >= PROGRAMS_PER_SM * sm_count(device)]
     return max(fits, default=1)
 
