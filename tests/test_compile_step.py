@@ -3,6 +3,7 @@ and a compiled run equal to the eager one, step for step."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 
 import pytest
@@ -90,8 +91,7 @@ def test_a_ddp_wrapped_model_compiles_and_equals_eager(scope):
     from model.config import ModelConfig
     from utils.compile import compiled_step
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)     # no port: xdist runs both scopes
-    try:
+    def eager_then_compiled() -> list[tuple[float, list[torch.Tensor]]]:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(build_model(ModelConfig(
             family="gpt2", vocab_size=61, n_layers=2, d_model=32, n_heads=2, max_seq_len=64, mlp_hidden=64,
@@ -105,12 +105,19 @@ def test_a_ddp_wrapped_model_compiles_and_equals_eager(scope):
             loss = fn(x, y, return_logits=False)[1]
             loss.backward()
             results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
-        (l0, g0), (l1, g1) = results
-        assert abs(l1 - l0) <= 1e-5 * abs(l0)
-        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(g0, g1))
+        return results
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)     # no port: xdist runs both scopes
+    try:
+        (l0, g0), (l1, g1) = eager_then_compiled()
     finally:
-        dist.destroy_process_group()
+        # the DDP module and its reducer go before their process group: gloo's destructor can hang in a thread join
+        # when the reducer outlives destroy_process_group. The compiled graphs hold the module too.
         torch._dynamo.reset()
+        gc.collect()
+        dist.destroy_process_group()
+    assert abs(l1 - l0) <= 1e-5 * abs(l0)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(g0, g1))
 
 
 @pytest.mark.parametrize("ckpt", ["none", "full"])
