@@ -28,7 +28,7 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator, FullyShardedDataParallelPlugin
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm import tqdm
 
@@ -43,7 +43,9 @@ from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoin
                               save_checkpoint, supersede_after)
 from utils.cli import run_cli
 from utils.compile import compiled_step, resolve_compile
+from utils.cuda_graph import GraphedMicroBatch, check_cuda_graphs
 from utils.errors import write_error
+from utils.precision import fsdp_plugin, resolve_precision
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
 from utils.stepguard import Diverged, StepGuard, finite_mean
@@ -134,35 +136,6 @@ def make_optimizer(model: torch.nn.Module, cfg: Config, fused: bool) -> torch.op
                              eps=cfg.optim.eps, fused=fused)
 
 
-def resolve_precision(p: str) -> str:
-    choices = {"auto": None, "bf16": "bf16", "fp16": "fp16", "fp32": "no"}
-    if p not in choices:
-        raise ConfigError(f"train.precision must be one of {', '.join(choices)}, got {p!r}")
-    if p == "fp16" and not torch.cuda.is_available():
-        # accelerate ignores fp16 on CPU and trains in fp32, while the run would be labelled fp16
-        raise ConfigError("train.precision fp16 needs a CUDA GPU (on CPU accelerate trains in fp32 instead); "
-                          "use fp32 or bf16 here")
-    return choices[p] or ("bf16" if torch.cuda.is_available() else "no")
-
-
-def fsdp_plugin(precision: str) -> FullyShardedDataParallelPlugin | None:
-    """Under `accelerate launch` with an FSDP2 config (configs/accelerate/fsdp.yaml) and bf16/fp16: compute in
-    that dtype but reduce and accumulate gradients in fp32, and leave outputs in the dtype each module makes
-    (the loss is fp32), as torchtitan does. accelerate's own policy reduces in bf16 (gradient accumulation over
-    micro-batches included) and casts every output to bf16, so each logged loss would be a mean of bf16-rounded
-    micro-batch losses (bf16's spacing near a loss of 5 is 0.03 nats); casting outputs to fp32 instead would run
-    the LM head's GEMM in fp32. The rest of the plugin comes from accelerate's environment, as it would without
-    this. FSDP1 launches (FSDP_VERSION 1, accelerate's default) keep accelerate's own policy."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true" or os.environ.get("FSDP_VERSION", "1") != "2"
-            or dtype is None):
-        return None
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    return FullyShardedDataParallelPlugin(mixed_precision_policy=policy)
-
-
 @torch.no_grad()
 def evaluate(model, store, cfg: Config, accelerator) -> float:
     """Mean token loss over the split's first train.eval_batches·micro_batch_size windows, shared
@@ -210,8 +183,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                           "naive or fla; choose one of those, or --data.varlen=false")
     with torch.device("meta"):   # family, backends, shapes and checkpointing checked before any data is downloaded
         checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
-    compile_on, compile_why = resolve_compile(cfg, "cuda" if torch.cuda.is_available() else "cpu",
-                                              fsdp_plugin(precision) is not None)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    compile_on, compile_why = resolve_compile(cfg, device_type, fsdp_plugin(precision) is not None)
+    check_cuda_graphs(cfg, device_type, int(os.environ.get("WORLD_SIZE", 1)), precision)
     run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder
@@ -277,6 +251,12 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                            accelerator.num_processes, accelerator.process_index, tc.seed,
                            bos_token(train_store, cfg.data.bos))
     tokens_per_step = sampler.global_batch * cfg.data.seq_len
+
+    def micro_step(x: torch.Tensor, y: torch.Tensor, cu: torch.Tensor | None = None) -> torch.Tensor:
+        _, loss = step_model(x, y, return_logits=False, cu_seqlens=cu)     # chunked head + loss
+        accelerator.backward(loss / tc.grad_accum)
+        return loss.detach()
+    graphed = GraphedMicroBatch(micro_step, list(model.parameters())) if tc.cuda_graphs else None
     sep = separator_token(train_store, cfg.data.varlen)           # packed documents: split at each separator
 
     step, last_ckpt, state = 0, None, {}
@@ -305,7 +285,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         f"{tokens_per_step:,} tokens/step")
     for plan in plans:
         log(f"kernel plan: {plan}")
-    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}")
+    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}; "
+        + ("CUDA graphs: each micro-batch replayed from one graph, captured after the first "
+           f"{graphed.warmup}" if graphed else "CUDA graphs: off"))
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:
@@ -334,19 +316,18 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
             for micro in range(tc.grad_accum):
                 x, y = sampler.batch(step, micro)
                 cu = None if sep is None else cu_seqlens(x, sep).to(device)
-                x, y = (t.to(device, non_blocking=True) for t in (x, y))
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    _, loss = step_model(x, y, return_logits=False, cu_seqlens=cu)     # chunked head + loss
-                    accelerator.backward(loss / tc.grad_accum)
-                loss_sum += loss.detach() / tc.grad_accum
+                    loss = graphed(x, y) if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)),
+                                                                    cu)
+                loss_sum += loss / tc.grad_accum
             # max_norm = inf measures the norm without clipping
             gnorm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
             if hasattr(gnorm, "full_tensor"):      # FSDP2's norm is a (replicated) DTensor: a plain tensor for logging
                 gnorm = gnorm.full_tensor()
             gnorm = torch.as_tensor(gnorm, device=device).detach().float()
             guard.step(optimizer, step + 1, loss_sum, gnorm)     # no update when the loss or the norm is not finite
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=graphed is None)     # a graph accumulates into fixed buffers
             step += 1
             tokens_since += tokens_per_step
             interval_losses.append(loss_sum)
@@ -397,7 +378,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         if metrics:
             metrics.close()
         accelerator.end_training()      # the trackers' files closed, on every path
-    result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy)
+    result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy,
+                  graph_replays=graphed.replays if graphed else None)
     if "val_loss" in result and entropy is not None:
         log(f"final val loss {result['val_loss']:.4f} nats; source entropy rate {entropy:.4f}; "
             f"gap {result['val_loss'] - entropy:+.4f}")

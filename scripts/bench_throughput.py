@@ -4,6 +4,7 @@
     python scripts/bench_throughput.py --configs gla_125m --backends "chunk,fused[state],fused[chunk,state]"
     python scripts/bench_throughput.py --configs gpt2_124m --backends naive --batch 8 --seq-len 2048
     python scripts/bench_throughput.py --configs gla_340m --backends fused --modes eager,compiled
+    python scripts/bench_throughput.py --configs gla_340m --backends fused,chunk --modes compiled,graphed --no-peer
     python scripts/bench_throughput.py --configs mamba2_370m --backends naive --batch 8 --checkpointing none,full
 
 Every row is whole training steps (forward, backward, fused AdamW) on the same random batch, bf16
@@ -13,8 +14,10 @@ timed steps, their wall time between two synchronizations (utils/timing.py step_
 each config is the reference implementation at the same size: flash-linear-attention's own model class (GLA,
 Gated DeltaNet, Mamba-2) or transformers' GPT2LMHeadModel with SDPA. A row that cannot run (no fla, out of
 memory, time limit) says why. --checkpointing: our rows once per activation-checkpointing mode (train.py's
---train.activation_checkpointing; peak memory is the column to read). --modes: each row eager and/or compiled (our models with torch.compile(fullgraph=True),
-as train.py's --train.compile; the peer with a plain torch.compile, graph breaks allowed). MFU: model FLOPs per token
+--train.activation_checkpointing; peak memory is the column to read). --modes: each row eager, compiled (our
+models with torch.compile(fullgraph=True), as train.py's --train.compile; the peer with a plain torch.compile, graph
+breaks allowed) and/or graphed (compiled, and each step's forward and backward replayed from one CUDA graph, as
+train.py's --train.cuda_graphs; utils/cuda_graph.py). MFU: model FLOPs per token
 (model/'s formula, the peer counted as our model of the same size) × tokens/s, against the GPU's datasheet bf16 peak
 and against the peak a large bf16 GEMM reaches here (measured once per table).
 Writes <out>/throughput.{md,json,png} (default out runs/bench).
@@ -40,6 +43,7 @@ import torch
 from bench.report import DEFAULT_OUT
 from bench.runner import force_fla_backward
 from ops import parse_backend, split_backends
+from utils.cuda_graph import GraphedMicroBatch
 from utils.timing import step_seconds, sync
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,29 +98,35 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     forced = force_fla_backward() if device == "cuda" and (backend == "fla" or backend == PEER and cfg.family != "gpt2") else None
     if backend == PEER:
         model = peer_model(cfg).to(device)
-        fwd = torch.compile(model, backend=compile_backend) if mode == "compiled" else model
+        fwd = torch.compile(model, backend=compile_backend) if mode != "eager" else model
         loss_of = lambda x: fwd(input_ids=x[:, :-1], labels=x[:, :-1]).loss  # noqa: E731  (HF shifts labels)
     else:
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
         checkpoint_activations(model, checkpointing)
-        if mode == "compiled" and compile_scope == "blocks":
+        if mode != "eager" and compile_scope == "blocks":
             compile_blocks(model, compile_backend)
             fwd = model
         else:
-            fwd = torch.compile(model, fullgraph=True, dynamic=False, backend=compile_backend) if mode == "compiled" else model
+            fwd = torch.compile(model, fullgraph=True, dynamic=False, backend=compile_backend) if mode != "eager" \
+                else model
         loss_of = lambda x: fwd(x[:, :-1], x[:, 1:], return_logits=logits)[1]  # noqa: E731  (as train.py)
     with torch.device("meta"):
         flops_tok = build_model(cfg).flops_per_token(seq_len)   # the peer too: our model of its size
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     x = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
 
-    def step():
+    def forward_backward(x, _=None):
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             loss = loss_of(x)
         loss.backward()
+        return loss.detach()
+    graphed = GraphedMicroBatch(forward_backward, list(model.parameters())) if mode == "graphed" else None
+
+    def step():
+        loss = graphed(x, x) if graphed else forward_backward(x)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=graphed is None)
         return loss
 
     step()
@@ -132,8 +142,8 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     if backend == PEER and cfg.family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
         note = "fla's Mamba2 without mamba_ssm runs its PyTorch fallback: not a speed peer"
     note = "; ".join(n for n in (forced, note) if n) or None
-    if mode == "compiled" and compile_scope == "blocks" and backend != PEER:
-        mode = "compiled (blocks)"
+    if mode != "eager" and compile_scope == "blocks" and backend != PEER:
+        mode += " (blocks)"
     return {"config": Path(config).stem, "backend": backend, "mode": mode, "checkpointing": checkpointing,
             "status": "ok", "loss": loss.item(),
             "note": note, "flops_per_token": flops_tok,
@@ -248,7 +258,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--logits", action="store_true",
                    help="our rows compute the loss through the whole logits (PyTorch's head + cross-entropy), as "
                         "before model/loss.py; for A/B runs of memory and speed")
-    p.add_argument("--modes", help="comma-separated: eager, compiled (default: both on a GPU, eager on a CPU)")
+    p.add_argument("--modes", help="comma-separated: eager, compiled, graphed (default: eager and compiled on a GPU, "
+                                   "eager on a CPU)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for compiled rows")
     p.add_argument("--compile-scope", default="model", choices=("model", "blocks"),
                    help="our compiled rows: the whole model as one graph, or block by block (--train.compile_scope)")
@@ -258,8 +269,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     configs = [c if c.endswith(".yaml") else str(REPO / "configs" / f"{c}.yaml") for c in args.configs.split(",")]
     modes = (args.modes or ("eager,compiled" if torch.cuda.is_available() else "eager")).split(",")
-    if set(modes) - {"eager", "compiled"}:
-        p.error(f"--modes takes eager and/or compiled, got {args.modes!r}")
+    if set(modes) - {"eager", "compiled", "graphed"}:
+        p.error(f"--modes takes eager, compiled and/or graphed, got {args.modes!r}")
+    if "graphed" in modes and args.warmup < 2:
+        p.error("graphed rows capture their graph in the warm-up: pass --warmup 2 or more")
     if args.worker:
         print(json.dumps(worker(configs[0], args.backends, args.batch, args.seq_len, args.warmup, args.steps,
                                 args.logits, modes[0], args.compile_backend, args.checkpointing,

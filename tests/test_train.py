@@ -21,6 +21,7 @@ from tests.helpers import reset_accelerate
 from utils.checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
                               supersede_after)
 from utils.errors import UserError
+from utils.precision import fsdp_plugin
 from utils.runinfo import JsonlWriter
 
 
@@ -277,16 +278,16 @@ def test_fsdp2_policy_reduces_in_fp32_and_leaves_outputs(monkeypatch):
     default version) and in fp32, accelerate's own defaults stand."""
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    policy = train.fsdp_plugin("bf16").mixed_precision_policy
+    policy = fsdp_plugin("bf16").mixed_precision_policy
     assert (policy.param_dtype, policy.reduce_dtype, policy.output_dtype) == (torch.bfloat16, torch.float32, None)
-    assert train.fsdp_plugin("no") is None
+    assert fsdp_plugin("no") is None
     monkeypatch.setenv("FSDP_VERSION", "1")
-    assert train.fsdp_plugin("bf16") is None
+    assert fsdp_plugin("bf16") is None
     monkeypatch.delenv("FSDP_VERSION")
-    assert train.fsdp_plugin("bf16") is None
+    assert fsdp_plugin("bf16") is None
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
     monkeypatch.setenv("FSDP_VERSION", "2")
-    assert train.fsdp_plugin("bf16") is None
+    assert fsdp_plugin("bf16") is None
 
 
 def test_missing_backend_is_a_clear_error(tmp_path):

@@ -1,5 +1,5 @@
 """Whether and how train.py compiles the training step: `--train.compile`, `--train.compile_backend`,
-`--train.cuda_graphs`.
+`--train.compile_scope`.
 
 The model's forward (the training loss, `model(x, y, return_logits=False)`) is compiled whole with
 `torch.compile(fullgraph=True)`: every kernel entry point is a `torch.library` operator (ops/library.py), so there is
@@ -10,19 +10,18 @@ compiled for the no-grad evaluation and checkpoint keys do not change.
 `auto` compiles on a CUDA GPU, except for the recurrent families on `naive` (their chunk loops are many small
 PyTorch ops whose compilation would dominate a short parity or test run; GPT-2's `naive` is SDPA and compiles)
 and `fla` (its kernels are flash-linear-attention's autograd functions, not operators here); the run log says
-which and why. `cuda_graphs` would add Inductor's CUDA graphs (mode `reduce-overhead`: every step has the same
-shapes, so one graph would replay each step's launches), but their trees fail at a training step's first backward
-on the GPU here, so resolve_compile refuses the setting with the upstream issue; compiled_step keeps the mode for
-when they do not.
+which and why. Inductor's own CUDA graphs (mode `reduce-overhead`) are not used: their trees fail at a training
+step's first backward (pytorch/pytorch#169545); `--train.cuda_graphs` captures the micro-batch itself
+(utils/cuda_graph.py), compiled or not.
 
 `compile_scope`: `model` compiles the whole forward as one graph; `blocks` compiles each block's forward
 (regional compilation): Dynamo traces the first block and reuses its code for every other (their parameters are
 graph inputs, not guards), so compile time is one block's rather than n_layers', and the embedding, final norm and
 chunked loss run eagerly. Module hooks stay outside the graphs, so FSDP2's all-gathers run as they do eagerly, which
 is why `blocks` is the scope that compiles under FSDP2 (compiled there by default too: eager FSDP2 steps are
-host-bound, its per-block hooks leaving the GPU idle). `auto` (the default) is `blocks`, or `model` with CUDA graphs
-(they capture the whole step): block scope trains at the whole model's speed and compiles one block instead of
-n_layers, which keeps every config's first step under a minute.
+host-bound, its per-block hooks leaving the GPU idle). `auto` (the default) is `blocks`: block scope trains at the
+whole model's speed and compiles one block instead of n_layers, which keeps every config's first step under a
+minute.
 """
 from __future__ import annotations
 
@@ -37,14 +36,12 @@ CHOICES = ("auto", "true", "false")
 
 def scope(tc: TrainConfig) -> str:
     """The compile scope a run uses: train.compile_scope, with `auto` resolved (module docstring)."""
-    if tc.compile_scope != "auto":
-        return tc.compile_scope
-    return "model" if tc.cuda_graphs else "blocks"
+    return "blocks" if tc.compile_scope == "auto" else tc.compile_scope
 
 
 def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, str]:
-    """(compile or not, the reason for the run log), checked before any work: a bad value, CUDA graphs without a
-    GPU or without compiling, and compiling under FSDP2 or with packed documents are errors with the remedy."""
+    """(compile or not, the reason for the run log), checked before any work: a bad value, and compiling the whole
+    model under FSDP2 or with packed documents, are errors with the remedy."""
     tc, backend = cfg.train, cfg.model.backend
     if tc.compile not in CHOICES:
         raise ConfigError(f"train.compile must be one of {', '.join(CHOICES)}, got {tc.compile!r}")
@@ -65,35 +62,18 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
     if on and fsdp and scope(tc) != "blocks":
         raise ConfigError("the compiled step under FSDP2 is compiled block by block; pass --train.compile_scope=blocks "
                           "(or --train.compile=false)")
-    if tc.cuda_graphs and scope(tc) != "model":
-        raise ConfigError("train.cuda_graphs capture the whole step; they need train.compile_scope=model")
     if on and cfg.data.varlen:
         raise ConfigError("train.compile=true does not go with data.varlen (the document offsets change shape every "
                           "step); pass --train.compile=false or --data.varlen=false")
-    if tc.cuda_graphs and not on:
-        raise ConfigError(f"train.cuda_graphs needs the compiled step, which is off ({why}); pass "
-                          "--train.compile=true or drop --train.cuda_graphs")
-    if tc.cuda_graphs and tc.compile_backend != "inductor":
-        raise ConfigError(f"train.cuda_graphs are Inductor's; train.compile_backend is {tc.compile_backend!r}")
-    if tc.cuda_graphs and device_type != "cuda":
-        raise ConfigError("train.cuda_graphs needs a CUDA GPU; drop --train.cuda_graphs")
-    if tc.cuda_graphs:      # refused before the minute of compilation it would waste
-        raise ConfigError("train.cuda_graphs: Inductor's CUDA graph trees stop at the first backward of a training "
-                          "step here (\"accessing tensor output of CUDAGraphs that has been overwritten\", torch 2.11 "
-                          "on an H100, gla_340m on fused and chunk, also with a graph step marked per micro-batch; "
-                          "pytorch/pytorch#169545). Drop --train.cuda_graphs: the default compiled step runs the same "
-                          "kernels")
     if on:
-        why += (f"; backend {tc.compile_backend}, scope {scope(tc)}" + (", CUDA graphs" if tc.cuda_graphs
-                                                                              else ""))
+        why += f"; backend {tc.compile_backend}, scope {scope(tc)}"
     return on, why
 
 
 def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
-    """The module's forward compiled whole (fullgraph) with the configured backend and, with cuda_graphs,
-    Inductor's CUDA graphs. Static shapes: every training step has the same, and Dynamo would otherwise trace
-    dynamic shapes once the same forward had been compiled at another shape in this process (a test's, say),
-    where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models.
+    """The module's forward compiled whole (fullgraph) with the configured backend, or block by block. Static
+    shapes: every training step has the same, and Dynamo would otherwise trace dynamic shapes once the same forward
+    had been compiled at another shape in this process (a test's, say), where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models.
 
     Under DDP the wrapper's own forward (bucket rebuilding, hooks) cannot be traced, so fullgraph is off there:
     Dynamo runs it eagerly and compiles the module inside, which Dynamo's DDPOptimizer splits at DDP's gradient
@@ -102,9 +82,8 @@ def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     if scope(cfg.train) == "blocks":
         compile_blocks(getattr(model, "module", model), cfg.train.compile_backend)
         return model
-    mode = "reduce-overhead" if cfg.train.cuda_graphs else None
     ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-    return torch.compile(model, fullgraph=not ddp, dynamic=False, backend=cfg.train.compile_backend, mode=mode)
+    return torch.compile(model, fullgraph=not ddp, dynamic=False, backend=cfg.train.compile_backend)
 
 
 def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> int:
