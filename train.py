@@ -43,7 +43,7 @@ from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoin
                               save_checkpoint, supersede_after)
 from utils.cli import run_cli
 from utils.compile import compiled_step, resolve_compile
-from utils.cuda_graph import GraphedMicroBatch, check_cuda_graphs
+from utils.cuda_graph import GraphedMicroBatch, resolve_cuda_graphs
 from utils.errors import write_error
 from utils.precision import fsdp_plugin, resolve_precision
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
@@ -62,7 +62,8 @@ class Interrupted(KeyboardInterrupt):
 RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_dir", "train.max_steps",
                        "train.log_interval", "train.eval_interval", "train.eval_batches", "train.ckpt_interval",
                        "train.keep_ckpts", "train.progress", "train.log_with", "train.activation_checkpointing",
-                       "train.max_bad_steps", "data.cache_dir", "data.num_proc", "data.verify", "data.tokenizer_file"})
+                       "train.max_bad_steps", "train.cuda_graphs", "train.compile", "train.compile_scope",
+                       "data.cache_dir", "data.num_proc", "data.verify", "data.tokenizer_file"})
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -185,7 +186,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     compile_on, compile_why = resolve_compile(cfg, device_type, fsdp_plugin(precision) is not None)
-    check_cuda_graphs(cfg, device_type, int(os.environ.get("WORLD_SIZE", 1)), precision)
+    graphs_on, graphs_why = resolve_cuda_graphs(cfg, device_type, int(os.environ.get("WORLD_SIZE", 1)), precision)
     run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder
@@ -256,7 +257,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         _, loss = step_model(x, y, return_logits=False, cu_seqlens=cu)     # chunked head + loss
         accelerator.backward(loss / tc.grad_accum)
         return loss.detach()
-    graphed = GraphedMicroBatch(micro_step, list(model.parameters())) if tc.cuda_graphs else None
+    graphed = GraphedMicroBatch(micro_step, list(model.parameters())) if graphs_on else None
     sep = separator_token(train_store, cfg.data.varlen)           # packed documents: split at each separator
 
     step, last_ckpt, state = 0, None, {}
@@ -285,9 +286,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         f"{tokens_per_step:,} tokens/step")
     for plan in plans:
         log(f"kernel plan: {plan}")
-    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}; "
-        + ("CUDA graphs: each micro-batch replayed from one graph, captured after the first "
-           f"{graphed.warmup}" if graphed else "CUDA graphs: off"))
+    log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}")
+    log(f"CUDA graphs: {'on' if graphs_on else 'off'} ({graphs_why})" + (
+        f"; each micro-batch replayed from one graph captured after {graphed.warmup}" if graphed else ""))
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:

@@ -4,6 +4,7 @@ backend, and a graphed train.py run equal to the plain one."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 import torch
@@ -12,37 +13,53 @@ import train
 from config import Config, ConfigError
 from model import build_model
 from model.config import ModelConfig
-from tests.helpers import rel_err
+from tests.helpers import rel_err, reset_accelerate
 from tests.test_compile import CELLS, TINY
 from tests.test_train import losses, tiny
-from utils.cuda_graph import WARMUP, GraphedMicroBatch, check_cuda_graphs
+from utils.cuda_graph import WARMUP, GraphedMicroBatch, resolve_cuda_graphs
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 
 
-def graphs_on(**data_kw) -> Config:
+def graphs(value: str = "true", backend: str = "fused", **data_kw) -> Config:
     cfg = Config()
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=True),
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs=value),
+                               model=dataclasses.replace(cfg.model, backend=backend),
                                data=dataclasses.replace(cfg.data, **data_kw))
 
 
-@pytest.mark.parametrize("cfg,device,world,precision,message", [
-    (graphs_on(), "cpu", 1, "no", "needs a CUDA GPU"),
-    (graphs_on(), "cuda", 2, "bf16", "runs on one process"),
-    (graphs_on(varlen=True), "cuda", 1, "bf16", "data.varlen"),
-    (graphs_on(), "cuda", 1, "fp16", "fp16")])
-def test_settings_that_cannot_be_captured_are_refused(cfg, device, world, precision, message):
-    with pytest.raises(ConfigError, match=message):
-        check_cuda_graphs(cfg, device, world, precision)
-    check_cuda_graphs(graphs_on(), "cuda", 1, "bf16")
-    check_cuda_graphs(Config(), device, world, precision)       # off: nothing to check
+CANNOT = [(graphs(), "cpu", 1, "no", "needs a CUDA GPU"),
+          (graphs(), "cuda", 2, "bf16", "runs on one process"),
+          (graphs(varlen=True), "cuda", 1, "bf16", "data.varlen"),
+          (graphs(), "cuda", 1, "fp16", "fp16")]
+
+
+@pytest.mark.parametrize("cfg,device,world,precision,message", CANNOT)
+def test_where_a_graph_cannot_work_true_is_refused_and_auto_is_off(cfg, device, world, precision, message):
+    with pytest.raises(ConfigError, match=f"train.cuda_graphs .*{message}.*; pass --train.cuda_graphs=false"):
+        resolve_cuda_graphs(cfg, device, world, precision)
+    on, why = resolve_cuda_graphs(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs="auto")),
+                                  device, world, precision)
+    assert not on and why.startswith("auto: off") and message in why, why
+
+
+def test_auto_captures_on_one_gpu_except_fla():
+    assert resolve_cuda_graphs(graphs("auto"), "cuda", 1, "bf16") == (True, "auto: on for one CUDA process")
+    assert resolve_cuda_graphs(graphs("auto", "naive"), "cuda", 1, "no")[0]
+    on, why = resolve_cuda_graphs(graphs("auto", "fla"), "cuda", 1, "bf16")
+    assert not on and "fla" in why
+    assert resolve_cuda_graphs(graphs("true", "fla"), "cuda", 1, "bf16")[0]       # asked for: tried
+    assert resolve_cuda_graphs(graphs(False), "cuda", 1, "bf16") == (False, "train.cuda_graphs=false")   # YAML's bool
+    assert resolve_cuda_graphs(graphs(True), "cuda", 1, "bf16")[0]
+    with pytest.raises(ConfigError, match="must be one of auto, true, false, got 'yes'"):
+        resolve_cuda_graphs(graphs("yes"), "cuda", 1, "bf16")
 
 
 def test_train_refuses_graphs_on_a_cpu(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the setting is valid")
-    with pytest.raises(ConfigError, match="train.cuda_graphs needs a CUDA GPU"):
+    with pytest.raises(ConfigError, match="train.cuda_graphs needs a CUDA GPU; pass --train.cuda_graphs=false"):
         train.main(tiny(tmp_path, "g", "--train.cuda_graphs=true"))
 
 
@@ -81,18 +98,35 @@ def test_replayed_micro_batches_equal_normal_ones(family, backend):
 
 
 @gpu
-def test_a_graphed_run_equals_the_plain_run(tmp_path):
-    """train.py on `fused` with accumulation 2, compiled block by block, with and without the graph: the same
-    losses step for step (bf16 autocast, the same kernels), and every micro-batch after the warm-up replayed."""
-    common = ["--backend", "fused", "--train.grad_accum=2", "--train.compile=true", "--train.eval_interval=0",
-              "--train.ckpt_interval=0"]
-    train.main(tiny(tmp_path, "plain", *common))
-    from tests.helpers import reset_accelerate
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing):
+    """train.py on `fused` with accumulation 2, compiled block by block, without the graph and with it (`auto`):
+    the same losses step for step and the same validation losses (evaluated between replays; bf16 autocast, the
+    same kernels), every micro-batch after the warm-up replayed. Then the graphed run "crashes" after its step-6
+    checkpoint and resumes, capturing a new graph: steps 7-12 as before."""
+    common = ["--backend", "fused", "--train.grad_accum=2", "--train.compile=true", "--train.keep_ckpts=3",
+              f"--train.activation_checkpointing={checkpointing}"]
+    train.main(tiny(tmp_path, "plain", *common, "--train.cuda_graphs=false"))
     reset_accelerate()
     torch._dynamo.reset()
-    out = train.main(tiny(tmp_path, "graphed", *common, "--train.cuda_graphs=true"))
+    out = train.main(tiny(tmp_path, "graphed", *common))
     assert out["graph_replays"] == 12 * 2 - WARMUP
-    plain, graphed = (losses(tmp_path / "runs" / n)[0] for n in ("plain", "graphed"))
-    assert plain.keys() == graphed.keys()
+    (plain, plain_val), (graphed, graphed_val) = (losses(tmp_path / "runs" / n) for n in ("plain", "graphed"))
+    assert plain.keys() == graphed.keys() and plain_val.keys() == graphed_val.keys() == {6, 12}
     bad = {s: (plain[s], graphed[s]) for s in plain if not abs(plain[s] - graphed[s]) <= 1e-4 * abs(plain[s])}
+    bad |= {s: (plain_val[s], graphed_val[s]) for s in plain_val
+            if not abs(plain_val[s] - graphed_val[s]) <= 1e-4 * abs(plain_val[s])}
     assert not bad, bad
+
+    crashed = tmp_path / "runs" / "crashed"
+    shutil.copytree(tmp_path / "runs" / "graphed", crashed)
+    shutil.rmtree(crashed / "checkpoints" / "step_00000012")
+    (crashed / "checkpoints" / "latest").write_text("step_00000006")
+    reset_accelerate()
+    torch._dynamo.reset()
+    out = train.main(tiny(tmp_path, "crashed", *common) + ["--resume"])
+    assert out["graph_replays"] == 6 * 2 - WARMUP
+    resumed, resumed_val = losses(crashed)
+    assert sorted(resumed) == list(range(1, 13))
+    bad = {s: (graphed[s], resumed[s]) for s in graphed if not abs(graphed[s] - resumed[s]) <= 1e-4 * abs(graphed[s])}
+    assert not bad and abs(resumed_val[12] - graphed_val[12]) <= 1e-4 * graphed_val[12], (bad, resumed_val)

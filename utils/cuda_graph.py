@@ -4,7 +4,7 @@ A compiled step still launches every kernel from Python, and the fused backend's
 Triton arguments before each launch. Where the host needs longer to launch a step than the GPU needs to run it, the
 GPU waits. A CUDA graph records the launches of one micro-batch once: its forward, its backward and the accumulation
 of its gradients into every parameter's `.grad`. Each later micro-batch copies its tokens into the graph's input
-buffers and replays it with one call, so the host no longer paces the GPU. The optimizer, gradient clipping,
+buffers and replays it with one call, so the host no longer paces the GPU. `auto` (the default) captures wherever it can. The optimizer, gradient clipping,
 evaluation and checkpoints run outside the graph, as without it. The model may be compiled or eager: the graph
 records whatever the step launches.
 
@@ -28,22 +28,33 @@ import torch
 
 from config import Config, ConfigError
 
+CHOICES = ("auto", "true", "false")
 WARMUP = 2          # micro-batches run normally before the capture: the second sees every lazy initialisation done
 
 
-def check_cuda_graphs(cfg: Config, device_type: str, world_size: int, precision: str) -> None:
-    """A ConfigError with the remedy where train.cuda_graphs cannot work (module docstring); nothing otherwise."""
-    if not cfg.train.cuda_graphs:
-        return
+def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precision: str) -> tuple[bool, str]:
+    """(capture or not, the reason for the run log). `auto` captures wherever a graph can work (module docstring)
+    except on `fla`, whose kernels are flash-linear-attention's own; `true` where it cannot is a ConfigError with the
+    remedy."""
+    value = str(cfg.train.cuda_graphs).lower()
+    if value not in CHOICES:
+        raise ConfigError(f"train.cuda_graphs must be one of {', '.join(CHOICES)}, got {cfg.train.cuda_graphs!r}")
+    if value == "false":
+        return False, "train.cuda_graphs=false"
     why = ("needs a CUDA GPU" if device_type != "cuda" else
            f"runs on one process ({world_size} were launched: DDP's and FSDP2's communication is not captured)"
            if world_size > 1 else
            "needs one shape for every micro-batch (data.varlen's document offsets change every step)"
            if cfg.data.varlen else
-           "does not go with fp16 (its loss scaler reads the gradients on the host); use bf16"
+           "does not go with fp16 (its loss scaler reads the gradients on the host; bf16 needs no scaler)"
            if precision == "fp16" else None)
-    if why:
-        raise ConfigError(f"train.cuda_graphs {why}; drop --train.cuda_graphs")
+    if value == "true":
+        if why:
+            raise ConfigError(f"train.cuda_graphs {why}; pass --train.cuda_graphs=false")
+        return True, "train.cuda_graphs=true"
+    if why is None and cfg.model.backend == "fla":
+        why = "is not used with fla's kernels (flash-linear-attention's own autograd functions)"
+    return (False, f"auto: off (a graph {why})") if why else (True, "auto: on for one CUDA process")
 
 
 class GraphedMicroBatch:
