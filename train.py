@@ -49,6 +49,7 @@ from utils.precision import fsdp_plugin, resolve_precision
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
 from utils.stepguard import Diverged, StepGuard, finite_mean
+from utils.timing import IntervalClock
 from utils.trackers import project_config, record, resolve_log_with, start_trackers
 
 
@@ -308,7 +309,21 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     model.train()
     try:
         start_trackers(accelerator, cfg, run_dir, step)      # inside the try: end_training below closes them
-        t_log, tokens_since, interval_losses, first_step_s = time.time(), 0, [], None
+        tokens_since, interval_losses, first_step_s, pending = 0, [], None, None
+        clock = IntervalClock(device)
+
+        def write_row(at: int, lr: float, gnorm: torch.Tensor, losses: list[torch.Tensor], tokens: int, mark) -> None:
+            """The log row of step `at`, read back from the GPU (the first wait for it since that step)."""
+            guard.check(last_ckpt, warn)
+            tps = tokens / clock.seconds(mark)
+            loss_val = accelerator.reduce(finite_mean(losses), reduction="mean").item()
+            row = {"step": at, "loss": loss_val, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tps,
+                   "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
+                   "peak_mem_gb": peak_memory_gb(device), "tokens": at * tokens_per_step,
+                   "epoch": sampler.epoch_of(at), "first_step_s": first_step_s, "bad_steps": guard.bad_steps}
+            record(row, metrics, accelerator)
+            bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+            result.update(loss=loss_val, tokens_per_s=tps)
         while step < tc.max_steps:
             lr = lr_at(step, cfg)
             for group in optimizer.param_groups:
@@ -322,6 +337,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                     loss = graphed(x, y) if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)),
                                                                     cu)
                 loss_sum += loss / tc.grad_accum
+            if pending:           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
+                write_row(*pending)
+                pending = None
             # max_norm = inf measures the norm without clipping
             gnorm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
             if hasattr(gnorm, "full_tensor"):      # FSDP2's norm is a (replicated) DTensor: a plain tensor for logging
@@ -337,23 +355,16 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 first_step_s = time.time() - t_launch
 
             is_last = step == tc.max_steps
-            if step % tc.log_interval == 0 or is_last:
-                guard.check(last_ckpt, warn)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                dt = time.time() - t_log
-                loss_val = accelerator.reduce(finite_mean(interval_losses), reduction="mean").item()
-                tps = tokens_since / dt
-                row = {"step": step, "loss": loss_val, "lr": lr, "grad_norm": float(gnorm),
-                       "tokens_per_s": tps, "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
-                       "peak_mem_gb": peak_memory_gb(device), "tokens": step * tokens_per_step,
-                       "epoch": sampler.epoch_of(step), "first_step_s": first_step_s, "bad_steps": guard.bad_steps}
-                record(row, metrics, accelerator)
-                bar.set_postfix(loss=f"{loss_val:.4f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
-                t_log, tokens_since, interval_losses = time.time(), 0, []
-                result.update(loss=loss_val, tokens_per_s=tps)
+            if step % tc.log_interval == 0 or is_last:      # read back once the next step is queued, or before a sync
+                pending = (step, lr, gnorm, interval_losses, tokens_since, clock.mark())
+                tokens_since, interval_losses = 0, []
+            evaluate_now = val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last)
+            save_now = (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last
+            if pending and (evaluate_now or save_now or is_last):
+                write_row(*pending)
+                pending = None
 
-            if val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last):
+            if evaluate_now:
                 guard.check(last_ckpt, warn)
                 val = evaluate(model, val_store, cfg, accelerator)
                 record({"step": step, "val_loss": val, "val_ppl": math.exp(min(val, 50))}, metrics, accelerator)
@@ -362,7 +373,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                               + (f" (entropy rate {entropy:.4f})" if entropy else ""))
                 result["val_loss"] = val
 
-            if (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last:
+            if save_now:
                 guard.check(last_ckpt, warn)
                 if guard.ok_to_save(step, last_ckpt, warn):
                     extra = {"config": to_dict(cfg), "bad_steps": guard.bad_steps}

@@ -296,3 +296,27 @@ def test_missing_backend_is_a_clear_error(tmp_path):
         train.main(tiny(tmp_path, "b") + ["--backend", "fused", "--fuse", "chunk"] + mamba2)
     with pytest.raises(BackendError, match="op 'attention' has no 'chunk' backend"):
         train.main(tiny(tmp_path, "c") + ["--backend", "chunk", "--model.family=gpt2"])
+
+
+def test_interval_clock_reads_each_interval_once_the_device_reaches_it():
+    """train.py's log clock: marks cost no wait, and each read measures from the previous read's mark. On a GPU the
+    interval is the GPU's (a kernel that spins 1e8 cycles, over 40 ms at any H100 or A100 clock, lies inside it,
+    though the host passed the marks at once)."""
+    import time as _time
+
+    from utils.timing import IntervalClock
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    clock = IntervalClock(device)
+    t0 = _time.time()
+    if device.type == "cuda":
+        torch.cuda._sleep(100_000_000)
+    else:
+        _time.sleep(0.05)
+    first = clock.mark()
+    queued = _time.time() - t0
+    _time.sleep(0.02)
+    second = clock.mark()
+    a, b = clock.seconds(first), clock.seconds(second)
+    assert a >= 0.04 and (device.type == "cpu" or queued < 0.02)
+    assert 0.015 <= b < 0.5 if device.type == "cpu" else 0 <= b < 0.5

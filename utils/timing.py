@@ -5,6 +5,7 @@
     s = step_seconds(step, steps=10)         # wall seconds per whole step between two synchronizations
     prof = profile_steps(step); device_ms(prof, 5); kernel_table(prof)   # torch.profiler's per-kernel times
     mb = peak_mb(fn)                         # peak memory fn() allocates above what was allocated before
+    clock = IntervalClock(device); m = clock.mark(); ...; s = clock.seconds(m)   # train.py's log intervals
 
 On a GPU, bench_ms is `do_bench(fn, warmup, rep, grad_to_none, return_mode="median")`: warm-up and repeats
 are given in ms of running time, and do_bench flushes the L2 cache before each call. Without a GPU (CI, the
@@ -159,3 +160,30 @@ def peak_mb(fn: Callable[[], object]) -> float | None:
     fn()
     sync()
     return (torch.cuda.max_memory_allocated() - base) / 1e6
+
+
+class IntervalClock:
+    """Seconds between consecutive marks, for a training loop's log rows. On a GPU a mark is a CUDA event recorded
+    in the stream, so the host need not wait at a mark: `seconds(mark)` waits only until the GPU has reached it (the
+    loop reads it once the next step is queued, so the GPU never idles for the read). On a CPU a mark is the wall
+    clock. Each `seconds` measures from the previous mark read (the clock's creation for the first)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.last = self.mark()
+
+    def mark(self) -> torch.cuda.Event | float:
+        if not self.cuda:
+            return time.time()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, mark: torch.cuda.Event | float) -> float:
+        if self.cuda:
+            mark.synchronize()
+            s = self.last.elapsed_time(mark) / 1e3
+        else:
+            s = mark - self.last
+        self.last = mark
+        return s
