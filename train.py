@@ -332,6 +332,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
             for micro in range(tc.grad_accum):
                 x, y = sampler.batch(step, micro)
                 cu = None if sep is None else cu_seqlens(x, sep).to(device)
+                if device.type == "cuda":       # a copy from pageable memory would wait for the GPU's queued work
+                    x, y = x.pin_memory(), y.pin_memory()
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
                     loss = graphed(x, y) if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)),

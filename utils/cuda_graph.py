@@ -81,7 +81,7 @@ class GraphedMicroBatch:
         if x.shape != self.x.shape or y.shape != self.y.shape:
             raise ValueError(f"train.cuda_graphs: a micro-batch of shape {tuple(x.shape)}, the graph's is "
                              f"{tuple(self.x.shape)}; every micro-batch must have the same shape")
-        self.x.copy_(x, non_blocking=True)
+        self.x.copy_(x, non_blocking=True)      # asynchronous from pinned memory (train.py pins each batch)
         self.y.copy_(y, non_blocking=True)
         self.calls += 1
         if self.graph is None and self.calls > self.warmup:
