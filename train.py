@@ -32,15 +32,15 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm import tqdm
 
-from config import Config, ConfigError, flatten, keys_help, load_config, parser_flags, save_config, to_dict
+from config import Config, ConfigError, keys_help, load_config, parser_flags, save_config, to_dict
 from data.prepare import check_sources, prepare_split
 from data.sampler import (BatchSampler, bos_token, cu_seqlens, eval_batches, eval_windows, max_eval_batches,
                           separator_token, windows_to_batch)
 from model import build_model
 from model.hf import init_from_hf
 from utils.activation_checkpointing import checkpoint_activations
-from utils.checkpoint import (clean_stale_tmp, latest_checkpoint, load_checkpoint, read_state, resume_target,
-                              save_checkpoint, supersede_after)
+from utils.checkpoint import (check_resume_config, clean_stale_tmp, latest_checkpoint, load_checkpoint, read_state,
+                              resume_target, save_checkpoint, supersede_after)
 from utils.cli import run_cli
 from utils.compile import compiled_step, resolve_compile
 from utils.cuda_graph import GraphedMicroBatch, resolve_cuda_graphs
@@ -55,16 +55,6 @@ from utils.trackers import project_config, record, resolve_log_with, start_track
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during training, with a message that names the last checkpoint and how to continue."""
-
-
-# What a resumed run may change without --allow-changes: how long it runs, what it logs and where, and which
-# kernels compute the (same) model. Anything else changes the model, the data order or the numerics of the run
-# being continued, so the run would silently mix two settings.
-RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_dir", "train.max_steps",
-                       "train.log_interval", "train.eval_interval", "train.eval_batches", "train.ckpt_interval",
-                       "train.keep_ckpts", "train.progress", "train.log_with", "train.activation_checkpointing",
-                       "train.max_bad_steps", "train.cuda_graphs", "train.compile", "train.compile_scope",
-                       "data.cache_dir", "data.num_proc", "data.verify", "data.tokenizer_file"})
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -89,33 +79,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     args, overrides = p.parse_known_args(argv)
     args.flags = parser_flags(p)
     return args, overrides
-
-
-def check_resume_config(saved: dict | None, cfg: Config, allow: bool, log) -> None:
-    """Refuse a resume whose settings differ from the checkpoint's outside RESUMABLE (model keys always, the
-    rest unless `allow`); log every difference that goes through. Keys a checkpoint predates are not compared."""
-    if saved is None:
-        log("resume: the checkpoint records no config; the settings were not compared")
-        return
-    old, new = flatten(saved), flatten(to_dict(cfg))
-    changed = {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
-
-    def listed(keys):
-        return "; ".join(f"{k} (checkpoint {changed[k][0]!r}, now {changed[k][1]!r})" for k in keys)
-
-    model = [k for k in changed if k.startswith("model.") and k not in RESUMABLE]
-    if model:
-        raise ConfigError(f"--resume: the model differs from the checkpoint's: {listed(model)}. The checkpoint's "
-                          "weights are that model's: resume with its settings (its config is in the run's "
-                          "config.yaml), or start a new run with another --train.name")
-    other = [k for k in changed if k not in RESUMABLE and not k.startswith("model.")]
-    if other and not allow:
-        raise ConfigError(f"--resume: settings differ from the checkpoint's: {listed(other)}. They change the "
-                          "data order or the numerics of the run being continued. Pass the checkpoint's values, "
-                          "add --allow-changes to continue with the new ones, or start a new run with another "
-                          "--train.name")
-    for k, (a, b) in changed.items():
-        log(f"resume: {k} {a!r} -> {b!r}")
 
 
 def lr_at(step: int, cfg: Config) -> float:
@@ -184,7 +147,11 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         raise ConfigError("data.varlen (packed documents): GPT-2's attention keeps to each document on --backend "
                           "naive or fla; choose one of those, or --data.varlen=false")
     with torch.device("meta"):   # family, backends, shapes and checkpointing checked before any data is downloaded
-        checkpoint_activations(build_model(cfg.model), tc.activation_checkpointing)
+        checkpoint_activations(meta_model := build_model(cfg.model), tc.activation_checkpointing)
+    if forward_only := meta_model.forward_only_ops():
+        raise ConfigError(f"op {forward_only[0]!r}, backend {cfg.model.backend!r}: its kernel is forward-only "
+                          "(evaluation and generation) and cannot train; choose another --backend (for GPT-2's "
+                          "attention: naive, which is SDPA)")
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     compile_on, compile_why = resolve_compile(cfg, device_type, fsdp_plugin(precision) is not None)
     graphs_on, graphs_why = resolve_cuda_graphs(cfg, device_type, int(os.environ.get("WORLD_SIZE", 1)), precision)

@@ -247,6 +247,12 @@ class CausalLM(nn.Module):
                 plans.append(f"{op} ({labels.get(op, 'naive')}): {plan}")
         return plans
 
+    def forward_only_ops(self) -> list[str]:
+        """The ops of a layer whose backend has no backward: they evaluate and generate, and a training run refuses
+        them."""
+        return [op for op, (fn, _) in self.blocks[0].mixer.op_dims(1, 1, torch.float32).items()
+                if not getattr(fn, "trains", True)]
+
     def backends(self) -> list[tuple[int, str, str]]:
         """(layer, op, backend) for every op every layer resolved, for the run log."""
         out = []

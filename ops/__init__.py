@@ -38,12 +38,13 @@ class BackendError(UserError, RuntimeError):
     pass
 
 
-def backend_fn(*, chunk_sizes: tuple[int, ...] | None = None,
-               plan: Callable[..., str] | None = None) -> Callable[[Callable], Callable]:
+def backend_fn(*, chunk_sizes: tuple[int, ...] | None = None, plan: Callable[..., str] | None = None,
+               trains: bool = True) -> Callable[[Callable], Callable]:
     """Mark a backend's op function with what the registry and the run log read from it: `chunk_sizes`, the chunk
-    sizes it runs (chunkwise ops), and `plan(device, **dims) -> str`, the kernels it launches at those dims."""
+    sizes it runs (chunkwise ops), `plan(device, **dims) -> str`, the kernels it launches at those dims, and
+    `trains`, False for a forward-only kernel (evaluation and generation), which train.py refuses at start-up."""
     def mark(fn: Callable) -> Callable:
-        fn.chunk_sizes, fn.plan = chunk_sizes, plan
+        fn.chunk_sizes, fn.plan, fn.trains = chunk_sizes, plan, trains
         return fn
     return mark
 

@@ -320,3 +320,17 @@ def test_interval_clock_reads_each_interval_once_the_device_reaches_it():
     a, b = clock.seconds(first), clock.seconds(second)
     assert a >= 0.04 and (device.type == "cpu" or queued < 0.02)
     assert 0.015 <= b < 0.5 if device.type == "cpu" else 0 <= b < 0.5
+
+
+def test_a_forward_only_backend_is_refused_before_training(tmp_path, monkeypatch):
+    """GPT-2's `fused` attention (the WMMA kernel) has no backward: train.py says so at start-up, before any data
+    is prepared, not at the first backward (where torch.compile would bury it in its own exception). Its device
+    check is lifted so that the refusal is the one under test on a CPU too."""
+    import ops.attention.fused as wmma
+
+    monkeypatch.setattr(wmma, "check_available", lambda op, backend: None)
+    with pytest.raises(ConfigError, match=r"op 'attention', backend 'fused': its kernel is forward-only .* cannot "
+                                          r"train; choose another --backend \(for GPT-2's attention: naive"):
+        train.main(tiny(tmp_path, "wmma", "--model.family=gpt2", "--model.n_heads=2", "--model.max_seq_len=64",
+                        "--backend", "fused"))
+    assert not (tmp_path / "cache").exists()        # refused before the data

@@ -15,7 +15,8 @@ checkpoint; `.tmp` folders a killed process left are removed at the next start (
 
 On --resume, find_resumable checks each candidate cheaply before accelerate's load_state (trainer_state.json
 parses, model.safetensors's header opens, optimizer.bin loads memory-mapped) and falls back to the previous
-good checkpoint, saying what it skipped and why.
+good checkpoint, saying what it skipped and why. check_resume_config refuses a resume whose settings would change
+the run being continued (RESUMABLE lists those it may change).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import torch
 from accelerate.utils import DistributedType
 from safetensors import SafetensorError, safe_open
 
+from config import Config, ConfigError, flatten, to_dict
 from utils.errors import UserError, free_bytes, os_reason
 from utils.runinfo import write_atomic
 
@@ -328,3 +330,40 @@ def load_checkpoint(accelerator, path: Path) -> dict:
         raise CheckpointError(f"could not load checkpoint {path}: {type(e).__name__}: {why}. Pass --resume PATH to "
                               f"an earlier checkpoint, or {START_OVER}") from e
     return read_state(path)
+
+
+# What a resumed run may change without --allow-changes: how long it runs, what it logs and where, and which
+# kernels compute the (same) model. Anything else changes the model, the data order or the numerics of the run
+# being continued, so the run would silently mix two settings.
+RESUMABLE = frozenset({"model.backend", "model.fuse", "train.name", "train.out_dir", "train.max_steps",
+                       "train.log_interval", "train.eval_interval", "train.eval_batches", "train.ckpt_interval",
+                       "train.keep_ckpts", "train.progress", "train.log_with", "train.activation_checkpointing",
+                       "train.max_bad_steps", "train.cuda_graphs", "train.compile", "train.compile_scope",
+                       "data.cache_dir", "data.num_proc", "data.verify", "data.tokenizer_file"})
+
+
+def check_resume_config(saved: dict | None, cfg: Config, allow: bool, log) -> None:
+    """Refuse a resume whose settings differ from the checkpoint's outside RESUMABLE (model keys always, the
+    rest unless `allow`); log every difference that goes through. Keys a checkpoint predates are not compared."""
+    if saved is None:
+        log("resume: the checkpoint records no config; the settings were not compared")
+        return
+    old, new = flatten(saved), flatten(to_dict(cfg))
+    changed = {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
+
+    def listed(keys):
+        return "; ".join(f"{k} (checkpoint {changed[k][0]!r}, now {changed[k][1]!r})" for k in keys)
+
+    model = [k for k in changed if k.startswith("model.") and k not in RESUMABLE]
+    if model:
+        raise ConfigError(f"--resume: the model differs from the checkpoint's: {listed(model)}. The checkpoint's "
+                          "weights are that model's: resume with its settings (its config is in the run's "
+                          "config.yaml), or start a new run with another --train.name")
+    other = [k for k in changed if k not in RESUMABLE and not k.startswith("model.")]
+    if other and not allow:
+        raise ConfigError(f"--resume: settings differ from the checkpoint's: {listed(other)}. They change the "
+                          "data order or the numerics of the run being continued. Pass the checkpoint's values, "
+                          "add --allow-changes to continue with the new ones, or start a new run with another "
+                          "--train.name")
+    for k, (a, b) in changed.items():
+        log(f"resume: {k} {a!r} -> {b!r}")

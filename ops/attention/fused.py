@@ -139,7 +139,7 @@ def plan(device: torch.device, B: int, T: int, H: int, **_) -> str:
     return f"WMMA flash-attention forward, 64-row query tiles, {plan_split(B, H, T, True)} key group(s) per block"
 
 
-@backend_fn(plan=plan)
+@backend_fn(plan=plan, trains=False)
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
               scale: float | None = None, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """q, k, v: [B, T, H, 64] → o [B, T, H, 64] in q's dtype (computed in fp16 with fp32 accumulation).

@@ -30,7 +30,7 @@ CHUNK_SIZES = (16, 32, 64, 128)
 
 def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, reset, n_docs):
     B, T, H, V = v.shape
-    K, NT = q.shape[-1], -(-T // chunk_size)
+    K, NT = q.shape[-1], cdiv(T, chunk_size)
     ht = v.new_empty(n_docs or B, H, K, V, dtype=torch.float32) if output_final_state else absent(v)
     return (v.new_empty(B, T, H, V), ht, g.new_empty(B, T, H, g.shape[-1], dtype=torch.float32),
             k.new_empty(B, NT, H, K, V), q.new_empty(B, T, H, chunk_size))

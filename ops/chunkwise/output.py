@@ -313,7 +313,7 @@ def chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, 
     dk_in = torch.einsum("bnchv,bnhkv->bnchk", pad_chunks(v, C), dh.float()) * _k_to_end(torch.ones_like(k), b, C)
     dq = dq_in.reshape(B, -1, H, K)[:, :T] + dq_intra
     dk_in = dk_in.reshape(B, -1, H, K)[:, :T]
-    ends = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=q.device)[: -(-T // C)], max=T - 1)
+    ends = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=q.device)[:cdiv(T, C)], max=T - 1)
     dk_off = dk_in.clone()
     dk_off[:, ends] = 0.0                                                               # the last row's state pair
     db = q.float() * dq - k.float() * (dk_off + dk_intra)

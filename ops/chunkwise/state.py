@@ -351,7 +351,7 @@ def pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
 
 def chunk_last(b: torch.Tensor, T: int, C: int) -> torch.Tensor:
     """b at each chunk's last valid row: [B, NT, H, S]."""
-    idx = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=b.device)[: -(-T // C)], max=T - 1)
+    idx = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=b.device)[:cdiv(T, C)], max=T - 1)
     return b[:, idx].float()
 
 

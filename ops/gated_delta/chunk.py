@@ -50,7 +50,7 @@ def _fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               state_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int) -> tuple[torch.Tensor, ...]:
     """chunk_fwd's outputs as empty tensors, from shape arithmetic alone (tracing launches nothing)."""
     B, T, H, K = q.shape
-    V, C, NT = v.shape[-1], chunk_size, -(-T // chunk_size)
+    V, C, NT = v.shape[-1], chunk_size, cdiv(T, chunk_size)
     ht = q.new_empty(n_docs or B, H, K, V, dtype=torch.float32) if output_final_state else absent(q)
     return (v.new_empty(B, T, H, V), ht, q.new_empty(B, T, H, 1, dtype=torch.float32), k.new_empty(B, T, H, C),
             k.new_empty(B, T, H, K), k.new_empty(B, NT, H, K, V, dtype=state_dtype), v.new_empty(B, T, H, V),

@@ -61,7 +61,7 @@ def scan_forward(B: int, T: int, H: int, K: int, V: int, C: int, elem: int, devi
 def _fwd_fake(q, k, v, g, scale, initial_state, output_final_state, chunk_size, split_state, save, max_range, reset,
               n_docs):
     B, T, H, V = v.shape
-    K, NT = q.shape[-1], -(-T // chunk_size)
+    K, NT = q.shape[-1], cdiv(T, chunk_size)
     ht = v.new_empty(n_docs or B, H, K, V, dtype=torch.float32) if output_final_state else absent(v)
     if not save:
         return v.new_empty(B, T, H, V), ht, absent(v), absent(v)
