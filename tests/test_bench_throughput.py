@@ -3,6 +3,7 @@ peer models of the same size as ours."""
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +85,16 @@ def test_a_failed_row_says_what_failed():
     assert error_line(dynamo).startswith("ops.BackendError: op 'attention'")
     assert error_line("Traceback\nRuntimeError: boom\nhint\n") == "RuntimeError: boom"
     assert error_line("just a line\n") == "just a line" and error_line("") == "(no output)"
+
+
+def test_a_forward_only_backend_is_refused_before_the_trace(monkeypatch):
+    """GPT-2's `fused` attention has no backward: the row fails with our BackendError before torch.compile traces
+    (inside the trace it would reach the table as Dynamo's wrapper of it). Its device check is lifted on a CPU."""
+    import ops.attention.fused as wmma
+    from ops import BackendError
+    from scripts.bench_throughput import worker
+
+    monkeypatch.setattr(wmma, "check_available", lambda op, backend: None)
+    with pytest.raises(BackendError, match="op 'attention', backend 'fused': its kernel is forward-only"):
+        worker(str(Path(__file__).resolve().parents[1] / "configs" / "gpt2_124m.yaml"), "fused", 1, 16, 0, 1,
+               mode="compiled")
