@@ -73,7 +73,8 @@ def resolve_compile(cfg: Config, device_type: str, fsdp: bool) -> tuple[bool, st
 def compiled_step(model: torch.nn.Module, cfg: Config) -> Callable:
     """The module's forward compiled whole (fullgraph) with the configured backend, or block by block. Static
     shapes: every training step has the same, and Dynamo would otherwise trace dynamic shapes once the same forward
-    had been compiled at another shape in this process (a test's, say), where AOTAutograd's backward hits PyTorch's view-of-a-strided-gradient failure on some models.
+    had been compiled at another shape in this process (a test's, say), where AOTAutograd's backward hits PyTorch's
+    view-of-a-strided-gradient failure on some models.
 
     Under DDP the wrapper's own forward (bucket rebuilding, hooks) cannot be traced, so fullgraph is off there:
     Dynamo runs it eagerly and compiles the module inside, which Dynamo's DDPOptimizer splits at DDP's gradient

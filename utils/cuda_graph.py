@@ -4,9 +4,9 @@ A compiled step still launches every kernel from Python, and the fused backend's
 Triton arguments before each launch. Where the host needs longer to launch a step than the GPU needs to run it, the
 GPU waits. A CUDA graph records the launches of one micro-batch once: its forward, its backward and the accumulation
 of its gradients into every parameter's `.grad`. Each later micro-batch copies its tokens into the graph's input
-buffers and replays it with one call, so the host no longer paces the GPU. `auto` (the default) captures wherever it can. The optimizer, gradient clipping,
-evaluation and checkpoints run outside the graph, as without it. The model may be compiled or eager: the graph
-records whatever the step launches.
+buffers and replays it with one call, so the host no longer paces the GPU. `auto` (the default) captures wherever
+it can. The optimizer, gradient clipping, evaluation and checkpoints run outside the graph, as without it. The model
+may be compiled or eager: the graph records whatever the step launches.
 
 What a graph requires of the step, and how it is met:
 - Static shapes: every micro-batch is [micro_batch_size, seq_len] (a different shape is an error).
