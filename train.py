@@ -147,11 +147,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         raise ConfigError("data.varlen (packed documents): GPT-2's attention keeps to each document on --backend "
                           "naive or fla; choose one of those, or --data.varlen=false")
     with torch.device("meta"):   # family, backends, shapes and checkpointing checked before any data is downloaded
-        checkpoint_activations(meta_model := build_model(cfg.model), tc.activation_checkpointing)
-    if forward_only := meta_model.forward_only_ops():
-        raise ConfigError(f"op {forward_only[0]!r}, backend {cfg.model.backend!r}: its kernel is forward-only "
-                          "(evaluation and generation) and cannot train; choose another --backend (for GPT-2's "
-                          "attention: naive, which is SDPA)")
+        meta_model = build_model(cfg.model)
+        meta_model.check_trains()
+        checkpoint_activations(meta_model, tc.activation_checkpointing)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     compile_on, compile_why = resolve_compile(cfg, device_type, fsdp_plugin(precision) is not None)
     graphs_on, graphs_why = resolve_cuda_graphs(cfg, device_type, int(os.environ.get("WORLD_SIZE", 1)), precision)
@@ -279,8 +277,12 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         tokens_since, interval_losses, first_step_s, pending = 0, [], None, None
         clock = IntervalClock(device)
 
-        def write_row(at: int, lr: float, gnorm: torch.Tensor, losses: list[torch.Tensor], tokens: int, mark) -> None:
-            """The log row of step `at`, read back from the GPU (the first wait for it since that step)."""
+        def write_row() -> None:
+            """The pending log row, read back from the GPU (the first wait for its step), if there is one."""
+            nonlocal pending
+            if pending is None:
+                return
+            (at, lr, gnorm, losses, tokens, mark), pending = pending, None
             guard.check(last_ckpt, warn)
             tps = tokens / clock.seconds(mark)
             loss_val = accelerator.reduce(finite_mean(losses), reduction="mean").item()
@@ -306,9 +308,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                     loss = graphed(x, y) if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)),
                                                                     cu)
                 loss_sum += loss / tc.grad_accum
-            if pending:           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
-                write_row(*pending)
-                pending = None
+            write_row()           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
             # max_norm = inf measures the norm without clipping
             gnorm = accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
             if hasattr(gnorm, "full_tensor"):      # FSDP2's norm is a (replicated) DTensor: a plain tensor for logging
@@ -329,9 +329,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 tokens_since, interval_losses = 0, []
             evaluate_now = val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last)
             save_now = (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last
-            if pending and (evaluate_now or save_now or is_last):
-                write_row(*pending)
-                pending = None
+            if evaluate_now or save_now:
+                write_row()
 
             if evaluate_now:
                 guard.check(last_ckpt, warn)

@@ -247,11 +247,14 @@ class CausalLM(nn.Module):
                 plans.append(f"{op} ({labels.get(op, 'naive')}): {plan}")
         return plans
 
-    def forward_only_ops(self) -> list[str]:
-        """The ops of a layer whose backend has no backward: they evaluate and generate, and a training run refuses
-        them."""
-        return [op for op, (fn, _) in self.blocks[0].mixer.op_dims(1, 1, torch.float32).items()
-                if not getattr(fn, "trains", True)]
+    def check_trains(self) -> None:
+        """A BackendError naming the op, the backend and the remedy where a layer's op has a forward-only backend
+        (evaluation and generation): training refuses it before any work, not at the first backward."""
+        for op, (fn, _) in self.blocks[0].mixer.op_dims(1, 1, torch.float32).items():
+            if not getattr(fn, "trains", True):
+                raise BackendError(f"op {op!r}, backend {self.cfg.backend!r}: its kernel is forward-only (evaluation "
+                                   "and generation) and cannot train; choose another --backend (for GPT-2's "
+                                   "attention: naive, which is SDPA)")
 
     def backends(self) -> list[tuple[int, str, str]]:
         """(layer, op, backend) for every op every layer resolved, for the run log."""

@@ -1,7 +1,8 @@
 """Triton helpers shared by every kernel folder under ops/.
 
-Host side: ceiling division and powers of two (`cdiv`, `next_power_of_2`), head-dim tiles (`tile`), the dot precision an input dtype takes (`dot_precision`), the SM count
-(`sm_count`), and the checks a Triton backend makes before launching (`check_triton_device`, `check_dtypes`).
+Host side: ceiling division and powers of two (`cdiv`, `next_power_of_2`), head-dim tiles (`tile`), the dot
+precision an input dtype takes (`dot_precision`), the SM count (`sm_count`), and the checks a Triton backend makes
+before launching (`check_triton_device`, `check_dtypes`).
 Kernel side (`@triton.jit`, inlined into their callers): addressing of contiguous time-major [B, T, H, D]
 tensors, the layout of every activation here. Row t of head h in batch b starts at ((b·T + t)·H + h)·D.
 """

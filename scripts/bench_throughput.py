@@ -103,10 +103,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     else:
         cfg.backend, cfg.fuse = parse_backend(backend)
         model = build_model(cfg).to(device)
-        if forward_only := model.forward_only_ops():       # refused here, not as an exception inside Dynamo's trace
-            from ops import BackendError
-            raise BackendError(f"op {forward_only[0]!r}, backend {backend!r}: its kernel is forward-only (evaluation "
-                               "and generation) and cannot train")
+        model.check_trains()        # refused here, not as an exception inside Dynamo's trace
         checkpoint_activations(model, checkpointing)
         if mode != "eager" and compile_scope == "blocks":
             compile_blocks(model, compile_backend)

@@ -329,7 +329,7 @@ def test_a_forward_only_backend_is_refused_before_training(tmp_path, monkeypatch
     import ops.attention.fused as wmma
 
     monkeypatch.setattr(wmma, "check_available", lambda op, backend: None)
-    with pytest.raises(ConfigError, match=r"op 'attention', backend 'fused': its kernel is forward-only .* cannot "
+    with pytest.raises(BackendError, match=r"op 'attention', backend 'fused': its kernel is forward-only .* cannot "
                                           r"train; choose another --backend \(for GPT-2's attention: naive"):
         train.main(tiny(tmp_path, "wmma", "--model.family=gpt2", "--model.n_heads=2", "--model.max_seq_len=64",
                         "--backend", "fused"))
