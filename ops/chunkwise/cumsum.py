@@ -1,6 +1,16 @@
-"""Chunk-local (reverse) cumulative sum of log-decays over time: b_t = Σ_{s ≤ t in t's chunk} g_s.
+"""Chunk-local (reverse) cumulative sum of log-decays over time: b_t = Σ_{s ≤ t in t's chunk} g_s, and the
+residual r of its fp32 rounding: b_t + r_t = Σ g_s to about 1e-9 |b_t|.
 
-x: [B, T, H, S] (S = K for per-key-dim decay, 1 for a scalar decay); out: same shape, fp32.
+x, g: [B, T, H, S] (S = K for per-key-dim decay, 1 for a scalar decay); out: same shape, fp32.
+
+Why the residual: b is held in fp32, so b_t carries up to ulp(|b_t|), |b_t| · 6e-8, of rounding, and every
+exponent b_t − b_s inherits it as a relative error of exp(b_t − b_s). At strong decay (|b| ~ 10³ inside a chunk at
+−50 per step) that is ~1e-4, while the decay gradient is made of exactly such near pairs (ops/chunkwise/output.py).
+The backward therefore forms each exponent as (b_t − b_s) + (r_t − r_s): where the pair carries any weight the
+first difference is exact (Sterbenz: b_t and b_s within a factor of two) and the second is small.
+r is formed without a compensated scan: g = g_hi + g_lo with g_hi = g rounded to a multiple of 2⁻⁸, so
+Σ g_hi is exact in fp32 (a multiple of 2⁻⁸ below 2¹⁶ in magnitude: |g| up to 1000 per step at C = 64),
+|Σ g_lo| ≤ C · 2⁻⁹ is small and carries only its own tiny rounding, and r = (Σ g_hi − b) + Σ g_lo.
 """
 from __future__ import annotations
 
@@ -9,6 +19,11 @@ import triton
 import triton.language as tl
 
 from ops.triton_utils import cdiv, next_power_of_2, row_offsets
+
+# The chunk decay −b_L (largest over key dims) from which a per-key-dim backward kernel reads r: below it |b| ≤ 64
+# and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk; above it the
+# loads are predicated off (a scalar decay always reads r: one value a row).
+RESIDUAL_FROM = 64.0
 
 
 @triton.jit
@@ -33,6 +48,55 @@ def chunk_cumsum(x: torch.Tensor, chunk_size: int, reverse: bool = False) -> tor
     BS = min(64, next_power_of_2(S))
     grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
     chunk_cumsum_kernel[grid](x.contiguous(), out, T, H, S, chunk_size, BS, reverse)
+    return out
+
+
+@triton.jit
+def chunk_decay(b, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    """A chunk's largest total decay, max over every key dim of −b_L (b at its last row): what decides whether r
+    is formed (chunk_residual) and, in fused GLA, between the factorised scores and the sub-block kernels."""
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    r = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        r = tl.maximum(r, -tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=o_k < K, other=0.0))
+    return tl.max(r, axis=0)
+
+
+@triton.jit
+def residual_mask(m_k, b_last, MAXR: tl.constexpr):
+    """Where a per-key kernel reads r: m_k in a chunk whose decay −min(b_last) exceeds MAXR, else nowhere
+    (b_last: b at the chunk's last row, masked key dims 0)."""
+    return m_k & ((b_last * 0.0 + tl.min(b_last, axis=0)) < -MAXR)
+
+
+@triton.jit
+def chunk_residual_kernel(g, b, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+                          MAXR: tl.constexpr):
+    i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = i_bh // H, i_bh % H
+    if S == 1 or chunk_decay(b, i_b, i_h, i_t, T, H, S, BT, BS) > MAXR:
+        o_t = i_t * BT + tl.arange(0, BT)
+        o_s = i_s * BS + tl.arange(0, BS)
+        m = (o_t[:, None] < T) & (o_s[None, :] < S)
+        ptr = row_offsets(i_b, i_h, o_t[:, None], T, H, S) + o_s[None, :]
+        b_g = tl.load(g + ptr, mask=m, other=0.0).to(tl.float32)
+        b_hi = tl.floor(b_g * 256.0 + 0.5) * 0.00390625               # g on the 2⁻⁸ grid: its cumsum is exact
+        b_r = (tl.cumsum(b_hi, axis=0) - tl.load(b + ptr, mask=m, other=0.0)) + tl.cumsum(b_g - b_hi, axis=0)
+        tl.store(out + ptr, b_r, mask=m)
+
+
+def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """r [B, T, H, S] fp32 with b + r = the chunk-local cumsum of g (module docstring); b as chunk_cumsum(g,
+    chunk_size) made it (or any fp32 rounding of that cumsum). With a per-key decay (S > 1) r is formed only in the
+    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader masks its loads with
+    residual_mask, whose test (its own key tile's decay) holds only in such chunks. At realistic decays the kernel
+    then reads one row of b per chunk and returns."""
+    B, T, H, S = g.shape
+    out = torch.empty(B, T, H, S, dtype=torch.float32, device=g.device)
+    BS = min(64, next_power_of_2(S))
+    grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
+    chunk_residual_kernel[grid](g.contiguous(), b.contiguous(), out, T, H, S, chunk_size, BS, RESIDUAL_FROM)
     return out
 
 

@@ -5,13 +5,14 @@ decay forms A inside the output kernel), and the hand-written backward through t
     o_t = Σ_{s ≤ t} (scale · q_t ⊙ exp(b_t − b_s)) · k_s  v_s  (+ the incoming state's share)
 
 Precision: b = cumsum(g) is held in fp32, as in flash-linear-attention, so an exponent b_i − b_j
-carries an absolute error of about ulp(|b|) ≈ |b| · 6e-8. That is invisible for realistic decays
-(|b| ≲ 100 within a chunk) and grows to ~1e-4 relative only when per-step log-decays of order −50
-accumulate to |b| ~ 10³ inside one chunk (tests/ops/test_gla.py states this bound). The naive
-oracle accumulates b in fp64 and has no such term. The decay gradient sees it most: at strong decay it is
-made of pairs one or two steps apart and nothing else, so exp(b_t − b_s)'s error is its own relative error,
-≈ 0.2 · 2⁻²⁴ · max |b| (2e-5 at −20 per step over C = 64; tests/ops/test_decay_grad.py). How the decay
-gradient is formed adds nothing to that: no pair without decay enters db (output.py).
+carries an absolute error of about ulp(|b|) ≈ |b| · 6e-8: invisible for realistic decays (|b| ≲ 100 within a
+chunk), ~1e-4 relative where per-step log-decays of order −50 accumulate to |b| ~ 10³. The forward keeps it (its
+output is ruled by the undecayed diagonal pairs); the backward does not, since at strong decay the decay gradient
+is made of pairs one or two steps apart and nothing else: every exponent of the kernels that form dq, dk and db
+adds the residual r of b's rounding (cumsum.py), (b_i − b_j) + (r_i − r_j), which is exact where the pair carries
+weight (per-key kernels read r only in chunks whose decay exceeds cumsum.RESIDUAL_FROM). The backward recomputes
+r from g (saved with the inputs) and b. With that and no undecayed pair in db (output.py), the decay
+gradients hold 1e-5 relative at decays down to −50 per step (tests/ops/test_decay_grad.py).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
-from ops.chunkwise.cumsum import chunk_cumsum
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_residual
 from ops.varlen import Documents
 from ops.library import absent, contiguous, kernel_op, maybe
 from ops.triton_utils import cdiv, tile
@@ -55,25 +56,27 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return o, absent(o) if ht is None else ht, b, h, A
 
 
-def _bwd_fake(q, k, v, b, h, A, do, dht, scale, has_h0, chunk_size, split_state, g_dtype, reset, n_docs):
+def _bwd_fake(q, k, v, g, b, h, A, do, dht, scale, has_h0, chunk_size, split_state, g_dtype, reset, n_docs):
     return grads_fake(q, k, v, b, has_h0, g_dtype, n_docs)
 
 
 @kernel_op("chunk_decay_bwd", fake=_bwd_fake)
-def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
-                    A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float, has_h0: bool,
-                    chunk_size: int, split_state: bool, g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int
+def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                    h: torch.Tensor, A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float,
+                    has_h0: bool, chunk_size: int, split_state: bool, g_dtype: torch.dtype,
+                    reset: torch.Tensor | None, n_docs: int
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward stages, from the forward's inputs q, k (grouped or not), v and outputs b, h, A. Returns dq, dk
-    (q's and k's shapes), dv, dg (g_dtype) and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
+    """The backward stages, from the forward's inputs q, k (grouped or not), v, g and outputs b, h, A. Returns dq,
+    dk (q's and k's shapes), dv, dg (g_dtype) and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
     H, G = v.shape[2], q.shape[2]
     q, k, v = (x.contiguous() for x in (expand_heads(q, H), expand_heads(k, H), v))
     do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, chunk_size, split_state,
                                   documents(reset, n_docs))
     dA = chunk_bwd_dA(do, v, chunk_size)
     dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
-    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, chunk_size)
-    dq, dk, db = chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, chunk_size)
+    res = chunk_residual(g, b, chunk_size)
+    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, chunk_size)
+    dq, dk, db = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale, chunk_size)
     return (sum_groups(dq, G), sum_groups(dk, G), dv, decay_grad(db, chunk_size, g_dtype),
             absent(dv) if dh0 is None else dh0)
 
@@ -83,16 +86,16 @@ def _setup(ctx, inputs, output) -> None:
     _, _, b, h, A = output
     # q and k shared by groups of heads (Mamba-2's B and C) are kept as given, not per head: at mamba2_370m
     # (32 heads, one group, N = 128) that is 268 MB less per layer at B8 T2048 bf16
-    ctx.save_for_backward(q, k, v, b, h, A, reset)
+    ctx.save_for_backward(q, k, v, g, b, h, A, reset)
     ctx.mark_non_differentiable(b, h, A)
     ctx.scale, ctx.chunk_size, ctx.split_state, ctx.n_docs = scale, chunk_size, split_state, n_docs
     ctx.has_h0, ctx.wants_ht, ctx.g_dtype = initial_state is not None, output_final_state, g.dtype
 
 
 def _backward(ctx, do, dht, db, dh, dA):
-    q, k, v, b, h, A, reset = ctx.saved_tensors
+    q, k, v, g, b, h, A, reset = ctx.saved_tensors
     do, dht = contiguous(do, dht if ctx.wants_ht else None)
-    dq, dk, dv, dg, dh0 = chunk_decay_bwd(q, k, v, b, h, A, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
+    dq, dk, dv, dg, dh0 = chunk_decay_bwd(q, k, v, g, b, h, A, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
                                           ctx.split_state, ctx.g_dtype, reset, ctx.n_docs)
     return dq, dk, dv, dg, None, maybe(dh0, ctx.has_h0), None, None, None, None, None
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_mask
 from ops.chunkwise.state import pad_chunks, chunk_last
 from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
@@ -155,9 +156,12 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
 
 
 @triton.jit
-def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
+def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                          BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+                          BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
+                          MAXR: tl.constexpr):
+    """exp(b_L − b) adds r_L − r (res: b's residual, ops/chunkwise/cumsum.py; per key, read only in a chunk
+    whose decay exceeds MAXR)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -173,14 +177,19 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db,
     if SCALAR:
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
+        c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        c_l = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1))
         b_dq *= (tl.exp(b_b) * scale)[:, None]
-        b_dk *= tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+        b_dk *= tl.exp(tl.where(m_t, (b_bl - b_b) + (c_l - c_b), 0.0))[:, None]
         b_hdh *= tl.exp(b_bl)
     else:
         b_b = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
+        m_c = residual_mask(m_k, b_bl, MAXR)
+        c_b = load_rows(res, i_b, i_h, o_t, m_t, o_k, m_c, T, H, K)
+        c_l = tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_c, other=0.0)
         b_dq *= tl.exp(b_b) * scale
-        b_dk *= tl.exp(tl.where(m_t[:, None], b_bl[None, :] - b_b, 0.0))
+        b_dk *= tl.exp(tl.where(m_t[:, None], (b_bl[None, :] - b_b) + (c_l[None, :] - c_b), 0.0))
         b_hdh *= tl.exp(b_bl)
     p = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
     is_last = (o_t == last)[:, None]
@@ -252,9 +261,10 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
     return dv
 
 
-def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int, num_warps: int = 4,
-                  num_stages: int | None = None):
+def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int,
+                   num_warps: int = 4, num_stages: int | None = None):
     """dq_intra, dk_intra: chunk_intra_bwd's, without the diagonal pairs, which this kernel adds (module docstring).
+    res: b's residual (cumsum.chunk_residual).
     Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
     num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined, the scalar-decay
     kernel races on the H100 at K = V = 128 with two V tiles (about one call in 600 gives different dk and db bits
@@ -270,8 +280,9 @@ def chunk_bwd_dqkb(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale: float, chun
     db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, cdiv(T, chunk_size), B * H)
-    chunk_bwd_dqkb_kernel[grid](q, k, v, b, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
-                                H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), num_warps=num_warps,
+    chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
+                                H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM,
+                                num_warps=num_warps,
                                 **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (db.sum(0) if scalar else db)
 

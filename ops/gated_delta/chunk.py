@@ -21,7 +21,7 @@ import torch
 
 from ops import backend_fn, varlen
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.chunkwise.cumsum import chunk_cumsum
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_residual
 from ops.chunkwise.decay_attention import check_inputs, documents, documents_args
 from ops.chunkwise.intra import chunk_intra_bwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
@@ -79,7 +79,7 @@ def chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return o, (ht if output_final_state else absent(q)), b, Ai, w, h, v_new, A
 
 
-def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
+def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
               Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor, A: torch.Tensor,
               do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int, need_dh0: bool,
               g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int) -> tuple[torch.Tensor, ...]:
@@ -92,22 +92,23 @@ def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
 
 
 @kernel_op("gated_delta_chunk_bwd", _bwd_fake)
-def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
+def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
               Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor, A: torch.Tensor,
               do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int, need_dh0: bool,
               g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The saved tensors as chunk_fwd returns them (with the inputs q, k, v, beta); do [B, T, H, V] contiguous;
+    """The saved tensors as chunk_fwd returns them (with the inputs q, k, v, g, beta); do [B, T, H, V] contiguous;
     dht [B, H, K, V] or None. Returns dq, dk, dv (input dtypes), dg [B, T, H] in g_dtype, dβ [B, T, H] in beta's
     dtype, dh0 [B, H, K, V] fp32 (0 elements unless need_dh0). dh is stored in h's dtype (the state_dtype)."""
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     C = chunk_size
     dA = chunk_bwd_dA(do, v_new, C)
-    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, dA, scale, C)
-    dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, A, do, dht, need_dh0, scale, C, state_dtype=h.dtype,
+    res = chunk_residual(g.unsqueeze(-1), b, C)
+    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, C)
+    dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, res, A, do, dht, need_dh0, scale, C, state_dtype=h.dtype,
                                   docs=documents(reset, n_docs))
-    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, h, dh, do, dq_intra, dk_intra, scale, C)
-    dk, dv, dbeta, db_wy = wy_bwd(k, v, b, beta, Ai, h, dv_new, dk_o, C)
+    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, res, h, dh, do, dq_intra, dk_intra, scale, C)
+    dk, dv, dbeta, db_wy = wy_bwd(k, v, b, res, beta, Ai, h, dv_new, dk_o, C)
     dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
     return dq, dk, dv, dg.to(g_dtype), dbeta.to(beta.dtype), (dh0 if need_dh0 else absent(q))
 
@@ -117,7 +118,7 @@ def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
     q, k, v, g, beta, scale, _, output_final_state, chunk_size, _, reset, n_docs = inputs
     _, ht, b, Ai, w, h, v_new, A = output
     ctx.mark_non_differentiable(b, Ai, w, h, v_new, A)
-    ctx.save_for_backward(q, k, v, beta, b, Ai, w, h, v_new, A, reset)
+    ctx.save_for_backward(q, k, v, g, beta, b, Ai, w, h, v_new, A, reset)
     ctx.n_docs = n_docs
     ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.has_ht = scale, chunk_size, g.dtype, output_final_state
 

@@ -72,12 +72,13 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
 
 
 @triton.jit
-def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H: tl.constexpr,
+def delta_h_bwd_kernel(q, k, w, b, res, A, do, dh, dv_new, dht, dh0, scale, T, NT, H: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr, reset=None,
                        HAS_RESET: tl.constexpr = False):
     """HAS_RESET (packed documents; ops/chunkwise/resets.py): dh restarts from dht[d] at document d's last chunk,
-    and dh0 [N, H, K, V] gets each document's start gradient."""
+    and dh0 [N, H, K, V] gets each document's start gradient. exp(b_L − b) adds r_L − r (res: b's residual,
+    ops/chunkwise/cumsum.py)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
@@ -104,8 +105,10 @@ def delta_h_bwd_kernel(q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H:
         b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
+        c_d = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
+            tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-        b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+        b_kd = b_k * tl.exp(tl.where(m_t, (b_bl - b_b) + c_d, 0.0))[:, None]
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
         tl.store(dv_new + row_offsets(i_b, i_h, o_t[:, None], T, H, V) + o_v[None, :], b_dv,
                  mask=m_t[:, None] & m_v[None, :])
@@ -149,14 +152,15 @@ def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tens
     return h, v_new, ht
 
 
-def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tensor, A: torch.Tensor,
-                do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, scale: float, chunk_size: int,
-                BV: int | None = None, num_warps: int = 8, num_stages: int | None = None,
+def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tensor, res: torch.Tensor,
+                A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, scale: float,
+                chunk_size: int, BV: int | None = None, num_warps: int = 8, num_stages: int | None = None,
                 state_dtype: torch.dtype | None = None, docs: Documents | None = None):
-    """A: [B, T, H, C] intra-chunk scores; do: [B, T, H, V]. Returns dh [B, NT, H, K, V] in state_dtype (default
-    q's dtype; the gradient of the state leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None.
-    docs: packed documents as delta_h_fwd's (dht and dh0 [N, H, K, V]).
-    num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory pipelined."""
+    """res: b's residual (ops/chunkwise/cumsum.chunk_residual); A: [B, T, H, C] intra-chunk scores;
+    do: [B, T, H, V]. Returns dh [B, NT, H, K, V] in state_dtype (default q's dtype; the gradient of the state
+    leaving each chunk), dv_new [B, T, H, V] fp32 and dh0 (fp32) or None. docs: packed documents as delta_h_fwd's
+    (dht and dh0 [N, H, K, V]). num_stages: None picks 3, or 1 where fp32 tiles would not fit in shared memory
+    pipelined."""
     B, T, H, K = q.shape
     V, NT = do.shape[-1], cdiv(T, chunk_size)
     BK, BV = state_tiles(K, V, BV)
@@ -166,7 +170,7 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
         if need_dh0 else None
     if num_stages is None:   # fp32 at K = V = 128: pipelined, the loop asked for 312 KB of shared memory (H100: 227)
         num_stages = 1 if do.element_size() == 4 and BK * BV > 4096 else 3
-    delta_h_bwd_kernel[(cdiv(V, BV), B * H)](q, k, w, b, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
+    delta_h_bwd_kernel[(cdiv(V, BV), B * H)](q, k, w, b, res, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
                                                      chunk_size, BK, BV, dht is not None, need_dh0,
                                                      dot_precision(do), num_warps=num_warps, num_stages=num_stages,
                                                      **reset_args(docs))

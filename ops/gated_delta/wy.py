@@ -176,10 +176,11 @@ def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, 
 
 
 @triton.jit
-def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H: tl.constexpr,
+def wy_bwd_kernel(k, v, b, res, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   PREC: tl.constexpr):
-    """Everything but the (M + Mᵀ) k part of dk, which needs M transposed (wy_bwd_dk_kernel)."""
+    """Everything but the (M + Mᵀ) k part of dk, which needs M transposed (wy_bwd_dk_kernel). exp(b_i − b_j) adds
+    r_i − r_j (res: b's residual, ops/chunkwise/cumsum.py)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, BT)
@@ -225,7 +226,8 @@ def wy_bwd_kernel(k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, 
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dbeta += tl.sum(b_v * b_dvb, 1)
     strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    b_E = tl.exp(tl.where(strict, b_b[:, None] - b_b[None, :], float("-inf")))
+    c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+    b_E = tl.exp(tl.where(strict, (b_b[:, None] - b_b[None, :]) + (c_b[:, None] - c_b[None, :]), float("-inf")))
     b_dLE = -tl.dot(tl.dot(b_Tt, b_dT, input_precision=PREC), b_Tt, input_precision=PREC) * b_E
     b_KK = tl.zeros([BT, BT], dtype=tl.float32)                         # k kᵀ, after dTm is dead (registers)
     for i_k in range(tl.cdiv(K, BK)):
@@ -279,14 +281,14 @@ def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     return Ai, w, u
 
 
-def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, Ai: torch.Tensor,
-           h: torch.Tensor, dv_new: torch.Tensor, dk_in: torch.Tensor, chunk_size: int,
+def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, res: torch.Tensor, beta: torch.Tensor,
+           Ai: torch.Tensor, h: torch.Tensor, dv_new: torch.Tensor, dk_in: torch.Tensor, chunk_size: int,
            num_warps: int | None = None):
-    """Ai: Tm from wy_fwd; h: [B, NT, H, K, V] the state entering each chunk; dv_new: [B, T, H, V] fp32
-    (= du; dw = −dv_new h_nᵀ); dk_in: [B, T, H, K], the rest of dk. Returns dk (k's dtype, dk_in
-    included), dv (v's dtype), dβ [B, T, H] fp32 and the WY part of db [B, T, H] fp32.
-    num_warps: None picks 4, or 8 for fp32 at C = 128: there the [C, C] fp32 dots (no tensor cores) at 4 warps
-    keep Triton 3.6's PTX lowering busy for minutes; at 8 it compiles in under one."""
+    """res: b's residual (ops/chunkwise/cumsum.chunk_residual); Ai: Tm from wy_fwd; h: [B, NT, H, K, V] the state
+    entering each chunk; dv_new: [B, T, H, V] fp32 (= du; dw = −dv_new h_nᵀ); dk_in: [B, T, H, K], the rest of dk.
+    Returns dk (k's dtype, dk_in included), dv (v's dtype), dβ [B, T, H] fp32 and the WY part of db [B, T, H] fp32.
+    num_warps: None picks 4, or 8 for fp32 at C = 128: there the [C, C] fp32 dots (no tensor cores) at 4 warps keep
+    Triton 3.6's PTX lowering busy for minutes; at 8 it compiles in under one."""
     B, T, H, K = k.shape
     V, NT = v.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
@@ -298,7 +300,7 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     dv, dk = torch.empty_like(v), torch.empty_like(k)
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
     db = torch.empty_like(dbeta)
-    wy_bwd_kernel[(NT, B * H)](k, v, b, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H, K, V,
+    wy_bwd_kernel[(NT, B * H)](k, v, b, res, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H, K, V,
                                chunk_size, BK, BV, prec, num_warps=num_warps)
     wy_bwd_dk_kernel[(cdiv(K, BK), NT, B * H)](k, M, dk_wy, dk_in, dk, T, H, K, chunk_size, BK, prec,
                                                       num_warps=num_warps)

@@ -22,6 +22,7 @@ from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import (CHUNK_SIZES as STAGE_CHUNK_SIZES, check_inputs, chunk_decay_attention,
                                            decay_grad, documents, documents_args, grads_fake, stages_plan,
                                            state_segments, states_backward, states_forward)
+from ops.chunkwise.cumsum import chunk_residual
 from ops.chunkwise.output import chunk_fwd_o
 from ops.chunkwise.state import chunk_fwd_h_from, split_segments
 from ops.gla import chunk
@@ -97,18 +98,18 @@ def gla_fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     return (o, ht, b, h) if save else (o, ht, absent(v), absent(v))
 
 
-def _bwd_fake(q, k, v, b, h, do, dht, scale, has_h0, chunk_size, split_state, max_range, g_dtype, reset, n_docs,
+def _bwd_fake(q, k, v, g, b, h, do, dht, scale, has_h0, chunk_size, split_state, max_range, g_dtype, reset, n_docs,
               initial_state):
     return grads_fake(q, k, v, b, has_h0, g_dtype, n_docs)
 
 
 @kernel_op("gla_fused_bwd", fake=_bwd_fake)
-def gla_fused_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
-                  do: torch.Tensor, dht: torch.Tensor | None, scale: float, has_h0: bool, chunk_size: int,
-                  split_state: bool, max_range: float, g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int,
-                  initial_state: torch.Tensor | None
+def gla_fused_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                  h: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float, has_h0: bool,
+                  chunk_size: int, split_state: bool, max_range: float, g_dtype: torch.dtype,
+                  reset: torch.Tensor | None, n_docs: int, initial_state: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward from the forward's inputs q, k, v and outputs b, h: the dh pass (split as the forward's
+    """The backward from the forward's inputs q, k, v, g and outputs b, h: the dh pass (split as the forward's
     state pass was), the states of the sub-blocks between the kept ones when chunk_size > SUB_BLOCK, then
     scan_bwd.py per sub-block. Returns dq, dk, dv (their inputs' shapes and dtypes), dg [B, T, H, K] (g_dtype)
     and dh0 [B, H, K, V] fp32 (0 elements without an initial state). reset, n_docs: packed documents as the
@@ -121,7 +122,7 @@ def gla_fused_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Te
         h = chunk_fwd_h_from(k, v, b, h, C, chunk_size, docs=docs, h0=initial_state)
     # the forward's scan ran only where the state pass is not split, so the dh pass splits as on the stage path
     do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, C, split_state, docs)
-    dq, dk, dv, db = fused_scan_bwd(q, k, v, b, h, do, dh, scale, C, max_range)
+    dq, dk, dv, db = fused_scan_bwd(q, k, v, b, chunk_residual(g, b, C), h, do, dh, scale, C, max_range)
     return dq, dk, dv, decay_grad(db, C, g_dtype), absent(dv) if dh0 is None else dh0
 
 
@@ -131,7 +132,7 @@ def _setup(ctx, inputs, output) -> None:
     _, _, b, h = output
     # the recompute of the states between kept ones restarts documents from their initial states
     h0 = initial_state if reset is not None and chunk_size > sub_block(chunk_size) else None
-    ctx.save_for_backward(q, k, v, b, h, reset, h0)   # q, k, v as given (views of a projection, say): no copies
+    ctx.save_for_backward(q, k, v, g, b, h, reset, h0)   # q, k, v, g as given (views of a projection, say)
     ctx.n_docs = n_docs
     ctx.mark_non_differentiable(b, h)
     ctx.scale, ctx.chunk_size, ctx.split_state, ctx.max_range = scale, chunk_size, split_state, max_range
@@ -142,9 +143,9 @@ def _setup(ctx, inputs, output) -> None:
 def _backward(ctx, do, dht, db, dh):
     if not ctx.save:
         raise RuntimeError("gla_fused_fwd ran with save=False: it kept nothing for a backward")
-    q, k, v, b, h, reset, h0 = ctx.saved_tensors
+    q, k, v, g, b, h, reset, h0 = ctx.saved_tensors
     do, dht = contiguous(do, dht if ctx.wants_ht else None)
-    dq, dk, dv, dg, dh0 = gla_fused_bwd(q, k, v, b, h, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
+    dq, dk, dv, dg, dh0 = gla_fused_bwd(q, k, v, g, b, h, do, dht, ctx.scale, ctx.has_h0, ctx.chunk_size,
                                         ctx.split_state, ctx.max_range, ctx.g_dtype, reset, ctx.n_docs, h0)
     return dq, dk, dv, dg, None, maybe(dh0, ctx.has_h0), None, None, None, None, None, None, None
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ops.chunkwise.intra import diag_scores, offdiag_scores
-from ops.gla.sub_block_bwd import chunk_decay
+from ops.chunkwise.cumsum import chunk_decay
 from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
 from ops.triton_utils import cdiv, dot_precision, row_offsets, tile
 

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.gla.sub_block_bwd import chunk_decay, fused_chunk_bwd_dqk, fused_chunk_bwd_dv
+from ops.chunkwise.cumsum import chunk_decay
+from ops.gla.sub_block_bwd import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from ops.gla.scan import MAX_RANGE, dot_split, load_chunk_keys
 from ops.gla.movement import bwd_key_tile
 from ops.triton_utils import cdiv, dot_precision, next_power_of_2, row_offsets
@@ -133,14 +134,15 @@ def fused_scan_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr,
         tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
-def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, h: torch.Tensor,
-                   do: torch.Tensor, dh: torch.Tensor, scale: float, chunk_size: int,
+def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, res: torch.Tensor,
+                   h: torch.Tensor, do: torch.Tensor, dh: torch.Tensor, scale: float, chunk_size: int,
                    max_range: float = MAX_RANGE, **launch) -> tuple[torch.Tensor, ...]:
     """q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: [B, T, H, K] fp32 and h [B, NT, H, K, V] as
-    fused_scan_fwd saves them; dh [B, NT, H, K, V] the gradient leaving each chunk
-    (ops/chunkwise/state.py's chunk_bwd_dh). Returns dq, dk, dv (input dtypes) and db [B, T, H, K] fp32, the
-    gradient of b (the caller reverse-cumsums it into dg). launch may override BK, BV (the dq/dk
-    kernel's), num_warps, num_stages (sweeps; both kernels)."""
+    fused_scan_fwd saves them; res: b's residual (ops/chunkwise/cumsum.chunk_residual), read by the sub-block
+    kernels only (in a factorised chunk |b| ≤ max_range, where b's rounding stays near 1e-7 relative);
+    dh [B, NT, H, K, V] the gradient leaving each chunk (ops/chunkwise/state.py's chunk_bwd_dh). Returns dq, dk, dv
+    (input dtypes) and db [B, T, H, K] fp32, the gradient of b (the caller reverse-cumsums it into dg). launch may
+    override BK, BV (the dq/dk kernel's), num_warps, num_stages (sweeps; both kernels)."""
     B, T, H, K = q.shape
     V, NT = v.shape[-1], h.shape[1]
     # the H100 sweeps' best (movement.bwd_key_tile). BV 32 with BK 64 and 4 warps hits an illegal memory access
@@ -161,5 +163,5 @@ def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.T
     # the chunks skipped above (decay beyond max_range), by the sub-block kernels; every other
     # program of theirs returns at once
     fused_chunk_bwd_dv(q, k, b, do, dh, scale, chunk_size, min_range=max_range, out=dv)
-    fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, chunk_size, min_range=max_range, out=(dq, dk, db))
+    fused_chunk_bwd_dqk(q, k, v, b, res, h, do, dh, scale, chunk_size, min_range=max_range, out=(dq, dk, db))
     return dq, dk, dv, db

@@ -21,21 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_mask
 from ops.chunkwise.intra import diag_scores
 from ops.chunkwise.output import state_grads
 from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, store_rows, tile
-
-
-@triton.jit
-def chunk_decay(b, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
-    """A chunk's largest total decay, max over every key dim of −b_L (b at its last row): what decides
-    between fused_scan's factorised path (≤ its MAX_RANGE) and the sub-block kernels below (above it)."""
-    last = tl.minimum(i_t * BT + BT, T) - 1
-    r = tl.zeros([BK], dtype=tl.float32)
-    for i_k in range(tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        r = tl.maximum(r, -tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=o_k < K, other=0.0))
-    return tl.max(r, axis=0)
 
 
 @triton.jit
@@ -99,15 +88,18 @@ def _row(x, j, BC: tl.constexpr):
 
 
 @triton.jit
-def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, H: tl.constexpr,
+def fused_chunk_bwd_dqk_kernel(q, k, v, b, res, h, do, dh, dq, dk, db, scale, T, NT, H: tl.constexpr,
                                K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-                               BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr):
+                               BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr,
+                               MAXR: tl.constexpr):
     """dq, dk, db for one K tile of one chunk: the intra-chunk terms from dA = do vᵀ, formed here one
     key block J at a time ([BT, BC], all V tiles summed) and factorised around J's last row ℓ as in
     the forward, then the state terms (output._state_grads, as chunk_bwd_dqkb). Each key
     block's contributions reach the chunk-wide accumulators through 0/1 selection dots. The diagonal pairs
     i = j, and the last row's state term of dk, are left out of the dq, dk that db is formed from and added
-    after it (ops/chunkwise/output.py)."""
+    after it (ops/chunkwise/output.py). Every exponent b_i − b_j adds r_i − r_j (res: b's residual,
+    ops/chunkwise/cumsum.py), read where the tile's decay exceeds MAXR (in training, every chunk these kernels
+    take: they are the strongly decaying ones)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MINR:   # every chunk at MINR < 0
@@ -118,9 +110,12 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         chunk_last = tl.minimum(i_t * BT + BT, T) - 1
+        b_bL = tl.load(b + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_k, other=0.0)
+        m_c = residual_mask(m_k, b_bL, MAXR)
         b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
         b_b = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        c_b = load_rows(res, i_b, i_h, o_t, m_t, o_k, m_c, T, H, K)
         b_dq = tl.zeros([BT, BK], dtype=tl.float32)             # intra-chunk, unscaled
         b_dk = tl.zeros([BT, BK], dtype=tl.float32)
         o_s = tl.arange(0, BC)
@@ -143,9 +138,11 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                 b_dAd = tl.where((o_s[:, None] > o_s[None, :]) & m_j[:, None], b_dAd, 0.0)      # off the diagonal
                 b_kj = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
                 b_bj = load_rows(b, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K)
+                c_j = load_rows(res, i_b, i_h, o_j, m_j, o_k, m_c, T, H, K)
                 b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
-                e_j = tl.exp(tl.where(m_j[:, None], b_bl[None, :] - b_bj, float("-inf")))            # ≤ 1
-                e_i = tl.exp(tl.where(below[:, None], b_b - b_bl[None, :], float("-inf")))           # ≤ 1
+                c_l = tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_c, other=0.0)
+                e_j = tl.exp(tl.where(m_j[:, None], (b_bl[None, :] - b_bj) + (c_l[None, :] - c_j), float("-inf")))
+                e_i = tl.exp(tl.where(below[:, None], (b_b - b_bl[None, :]) + (c_b - c_l[None, :]), float("-inf")))
                 b_dq += e_i * tl.dot(b_dA, b_kj * e_j, input_precision=PREC)
                 b_dkj = e_j * tl.dot(tl.trans(b_dA), b_q * e_i, input_precision=PREC)                 # [BC, BK]
                 b_dqj = tl.zeros([BC, BK], dtype=tl.float32)
@@ -155,10 +152,11 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
                     b_kr = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
                     b_qr = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
                     b_br = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
+                    c_r = tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk & m_c, other=0.0)
+                    d = (b_bj - b_br[None, :]) + (c_j - c_r[None, :])
                     live = (o_s * 0 + t_j) < T
-                    e_col = tl.exp(tl.where((o_s > j)[:, None] & m_j[:, None], b_bj - b_br[None, :], float("-inf")))
-                    e_row = tl.exp(tl.where((o_s < j)[:, None] & m_j[:, None] & live[:, None], b_br[None, :] - b_bj,
-                                            float("-inf")))
+                    e_col = tl.exp(tl.where((o_s > j)[:, None] & m_j[:, None], d, float("-inf")))
+                    e_row = tl.exp(tl.where((o_s < j)[:, None] & m_j[:, None] & live[:, None], -d, float("-inf")))
                     b_dqj += _col(b_dAd, j, BC)[:, None] * b_kr[None, :] * e_col
                     b_dkj += _row(b_dAd, j, BC)[:, None] * b_qr[None, :] * e_row
                 select = tl.where(o_c[:, None] == (i_j * BC + o_s)[None, :], 1.0, 0.0)               # [BT, BC]
@@ -168,8 +166,8 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, h, do, dh, dq, dk, db, scale, T, NT, 
         # accumulators are not live through it
         b_dq_in, b_dk_in, b_hdh, b_diag = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K,
                                                       V, BT, BK, BV, PREC)
-        b_bL = tl.load(b + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_k, other=0.0)
-        b_dk_in *= tl.exp(tl.where(m_t[:, None], b_bL[None, :] - b_b, 0.0))
+        c_L = tl.load(res + row_offsets(i_b, i_h, chunk_last, T, H, K) + o_k, mask=m_c, other=0.0)
+        b_dk_in *= tl.exp(tl.where(m_t[:, None], (b_bL[None, :] - b_b) + (c_L[None, :] - c_b), 0.0))
         is_last = (o_t == chunk_last)[:, None]
         b_dkl = tl.where(is_last, b_dk_in, 0.0)               # the last row's state pair: only after db (output.py)
         b_dk_in -= b_dkl
@@ -201,11 +199,12 @@ def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk
     return dv
 
 
-def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16,
+def fused_chunk_bwd_dqk(q, k, v, b, res, h, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16,
                         min_range: float = -1.0, out: tuple | None = None,
                         **launch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk (input dtypes) and db [B, T, H, K] fp32, as output.chunk_bwd_dqkb given the intra-chunk
-    gradients of chunk_intra_bwd(q, k, b, chunk_bwd_dA(do, v)): the three stages in one launch.
+    gradients of chunk_intra_bwd(q, k, b, res, chunk_bwd_dA(do, v)): the three stages in one launch.
+    res: b's residual (ops/chunkwise/cumsum.chunk_residual).
     min_range and out as fused_chunk_bwd_dv's (out: dq, dk, db)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -215,7 +214,7 @@ def fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale: float, chunk_size: int, su
     grid = (cdiv(K, BK), cdiv(T, chunk_size), B * H)
     # num_stages=1 by default: output.chunk_bwd_dA's do vᵀ loop over V tiles miscompiled on the H100
     # when software-pipelined (bf16, ≥ 3 V tiles); this kernel runs the same loop.
-    fused_chunk_bwd_dqk_kernel[grid](q, k, v, b, h, do, dh, dq, dk, db, scale, T, dh.shape[1], H, K, V, chunk_size,
-                                     BC, BK, BV, dot_precision(do), float(min_range),
+    fused_chunk_bwd_dqk_kernel[grid](q, k, v, b, res, h, do, dh, dq, dk, db, scale, T, dh.shape[1], H, K, V, chunk_size,
+                                     BC, BK, BV, dot_precision(do), float(min_range), RESIDUAL_FROM,
                                      **(dict(num_stages=1) | launch))
     return dq, dk, db

@@ -76,8 +76,9 @@ def test_triton_backend_matches_recurrence(backend, shape, dts, device, poison_e
     dy, dh = torch.randn_like(y1), torch.randn_like(h1)
     ((y1 * dy).sum() + (h1 * dh).sum()).backward()
     ((y2 * dy.float()).sum() + (h2 * dh.float()).sum()).backward()
-    # ∂dt and ∂A go through ∂g, made of exp(b_t − b_s) of the same rounded b: the outputs' bound (tol). No other
-    # allowance: ∂g is formed without cancelling terms (tests/ops/test_decay_grad.py holds it to 1e-5 on its own)
+    # ∂dt and ∂A go through ∂g: its exponents add the residual of b's rounding, but it reads the forward's states,
+    # which keep it: the outputs' bound (tol). No other allowance: ∂g is formed without cancelling terms
+    # (tests/ops/test_decay_grad.py holds it to 1e-5 on its own)
     # ∂A_h = Σ_{b,t} dt ∂g sums T terms of both signs: held relative to Σ |dt ∂g|, the size of what it sums (with
     # H = 1 the terms can cancel to 1e-2 of their size, and fp32's rounding of them, or of b, then exceeds ∂A's bound)
     mags = [t.grad.abs() for t in ref_in]

@@ -45,9 +45,10 @@ def dv_pair(q, k, v, b, h, do, dh, scale, C):
 
 def dqk_pair(q, k, v, b, h, do, dh, scale, C):
     dA = stage("chunk_bwd_dA", C)(do, v, C)
-    dq_intra, dk_intra = stage("chunk_intra_bwd", C)(q, k, b, dA, scale, C)
-    return (fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C),
-            stage("chunk_bwd_dqkb", C)(q, k, v, b, h, dh, do, dq_intra, dk_intra, scale, C))
+    res = torch.zeros_like(b)                           # b taken as exact: its residual is 0
+    dq_intra, dk_intra = stage("chunk_intra_bwd", C)(q, k, b, res, dA, scale, C)
+    return (fused_chunk_bwd_dqk(q, k, v, b, res, h, do, dh, scale, C),
+            stage("chunk_bwd_dqkb", C)(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale, C))
 
 
 # The kernels have no branch on the decay's value (min_range < 0 takes every chunk), so the gates only change the
@@ -85,7 +86,7 @@ def test_min_range_leaves_the_tame_chunks_alone(device):
     dv = torch.full_like(v, 7.0)
     dq, dk, db = torch.full_like(q, 7.0), torch.full_like(k, 7.0), torch.full_like(b, 7.0)
     fused_chunk_bwd_dv(q, k, b, do, dh, scale, C, min_range=6.0, out=dv)
-    fused_chunk_bwd_dqk(q, k, v, b, h, do, dh, scale, C, min_range=6.0, out=(dq, dk, db))
+    fused_chunk_bwd_dqk(q, k, v, b, torch.zeros_like(b), h, do, dh, scale, C, min_range=6.0, out=(dq, dk, db))
     assert all((x == 7.0).all() for x in (dv, dq, dk, db))
     fused_chunk_bwd_dv(q, k, b, do, dh, scale, C, min_range=0.0, out=dv)       # every chunk decays a little
     assert rel_err(dv, dv_pair(q, k, v, b, h, do, dh, scale, C)[1]) < 1e-5

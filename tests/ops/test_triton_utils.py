@@ -31,6 +31,6 @@ def test_launch_paths_call_no_constexpr_function(monkeypatch):
     q, k = torch.empty(B, T, H, K), torch.empty(B, T, H, K)
     v, g = torch.empty(B, T, H, V), torch.empty(B, T, H, K)
     o, _, b, h = gla_fused_fwd.fn(q, k, v, g, K ** -0.5, None, False, 64, True, True, 20.0, None, 0)
-    gla_fused_bwd.fn(q, k, v, b, h, torch.empty_like(o), None, K ** -0.5, False, 64, True, 20.0, torch.float32,
+    gla_fused_bwd.fn(q, k, v, g, b, h, torch.empty_like(o), None, K ** -0.5, False, 64, True, 20.0, torch.float32,
                      None, 0, None)
     assert calls == []
