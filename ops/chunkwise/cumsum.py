@@ -20,9 +20,10 @@ import triton.language as tl
 
 from ops.triton_utils import cdiv, next_power_of_2, row_offsets
 
-# The chunk decay −b_L (largest over key dims) from which a per-key-dim backward kernel reads r: below it |b| ≤ 64
-# and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk; above it the
-# loads are predicated off (a scalar decay always reads r: one value a row).
+# The chunk decay −b_L (largest over key dims) from which the backward kernels add r: below it |b| ≤ 64 and b's
+# rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk. At realistic decays no chunk
+# gets there, and the kernels run as they would without r: the chunkwise intra-chunk backward is launched once for
+# the chunks below (compiled without r) and once for those above; the others branch per chunk or tile.
 RESIDUAL_FROM = 64.0
 
 
@@ -89,9 +90,10 @@ def chunk_residual_kernel(g, b, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl
 def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """r [B, T, H, S] fp32 with b + r = the chunk-local cumsum of g (module docstring); b as chunk_cumsum(g,
     chunk_size) made it (or any fp32 rounding of that cumsum). With a per-key decay (S > 1) r is formed only in the
-    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader masks its loads with
-    residual_mask, whose test (its own key tile's decay) holds only in such chunks. At realistic decays the kernel
-    then reads one row of b per chunk and returns."""
+    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay, or
+    masks its loads with residual_mask, whose test (its own key tile's decay) holds only in such chunks. At
+    realistic decays the kernel then reads one row of b per chunk and returns. A scalar decay's r is formed
+    everywhere (one value a row)."""
     B, T, H, S = g.shape
     out = torch.empty(B, T, H, S, dtype=torch.float32, device=g.device)
     BS = min(64, next_power_of_2(S))

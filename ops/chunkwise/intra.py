@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_mask
+from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay
 from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, tile
 
 
@@ -108,17 +108,23 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
 @triton.jit
 def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                           MAXR: tl.constexpr):
+                           MAXR: tl.constexpr, EXACT: tl.constexpr):
     """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s, the
-    diagonal pairs left out (see the module docstring). Every exponent b_i − b_j adds r_i − r_j, res the
-    residual of b's rounding (ops/chunkwise/cumsum.py), read with a per-key decay only in chunks whose decay
-    exceeds MAXR."""
+    diagonal pairs left out (see the module docstring). Launched twice (chunk_intra_bwd): EXACT = False takes
+    the chunks whose decay is at most MAXR, EXACT = True the others, where every exponent b_i − b_j adds r_i − r_j
+    (res: b's residual, ops/chunkwise/cumsum.py). Each launch returns at once from the other's chunks."""
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
     NK = tl.cdiv(K, BK)
     i_k, i_s = i_kc % NK, i_kc // NK
     if i_t * BT + i_s * BC >= T:                                # sub-block wholly past the sequence
+        return
+    if SCALAR:
+        strong = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) > MAXR
+    else:
+        strong = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MAXR
+    if strong != EXACT:
         return
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
@@ -129,74 +135,79 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
     o_c = tl.arange(0, BC)
     if SCALAR:
         b_bs = tl.load(b + row_offsets(i_b, i_h, o_s, T, H, 1), mask=m_s, other=0.0)
-        c_s = tl.load(res + row_offsets(i_b, i_h, o_s, T, H, 1), mask=m_s, other=0.0)
+        if EXACT:
+            c_s = tl.load(res + row_offsets(i_b, i_h, o_s, T, H, 1), mask=m_s, other=0.0)
         for i_j in range(i_s + 1):                                         # dq: blocks J ≤ s
             o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
             m_j = o_j < T
-            b_bj = tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)
-            c_j = tl.load(res + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)
+            d = b_bs[:, None] - tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)[None, :]
+            if EXACT:
+                d += c_s[:, None] - tl.load(res + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)[None, :]
             b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
                            mask=m_s[:, None], other=0.0)
             keep = (o_s[:, None] > o_j[None, :]) & m_s[:, None] & m_j[None, :]              # off-diagonal
-            d = (b_bs[:, None] - b_bj[None, :]) + (c_s[:, None] - c_j[None, :])
             b_dA = b_dA * tl.exp(tl.where(keep, d, float("-inf")))
             b_k = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
             b_dq += tl.dot(b_dA, b_k, input_precision=PREC)
         for i_i in range(i_s, NC):                                         # dk: blocks I ≥ s
             o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
             m_i = o_i < T
-            b_bi = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)
-            c_i = tl.load(res + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)
+            d = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)[:, None] - b_bs[None, :]
+            if EXACT:
+                d += tl.load(res + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)[:, None] - c_s[None, :]
             b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
                            mask=m_i[:, None], other=0.0)
             keep = (o_i[:, None] > o_s[None, :]) & m_i[:, None] & m_s[None, :]
-            d = (b_bi[:, None] - b_bs[None, :]) + (c_i[:, None] - c_s[None, :])
             b_dA = b_dA * tl.exp(tl.where(keep, d, float("-inf")))
             b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
             b_dk += tl.dot(tl.trans(b_dA), b_q, input_precision=PREC)
     else:
-        last = tl.minimum(i_t * BT + BT, T) - 1
-        b_bL = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
-        m_c = residual_mask(m_k, b_bL, MAXR)                               # r read only in a strong chunk
         b_bs = load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
-        c_s = load_rows(res, i_b, i_h, o_s, m_s, o_k, m_c, T, H, K)
         r_s = i_t * BT + i_s * BC                                          # first row of block s
         b_brs = tl.load(b + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
-        c_rs = tl.load(res + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_c, other=0.0)
+        if EXACT:
+            c_s = load_rows(res, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
+            c_rs = tl.load(res + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
         for i_j in range(i_s):                                             # dq, off-diagonal J < s
             o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
             b_k = load_rows(k, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K).to(tl.float32)
-            b_bj = load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
-            c_j = load_rows(res, i_b, i_h, o_j, o_j < T, o_k, m_c, T, H, K)
+            d = b_brs[None, :] - load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
+            if EXACT:
+                d += c_rs[None, :] - load_rows(res, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
             b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
                            mask=m_s[:, None], other=0.0)
-            b_dq += tl.dot(b_dA, b_k * tl.exp((b_brs[None, :] - b_bj) + (c_rs[None, :] - c_j)), input_precision=PREC)
-        b_dq *= tl.exp(tl.where(m_s[:, None], (b_bs - b_brs[None, :]) + (c_s - c_rs[None, :]), 0.0))
+            b_dq += tl.dot(b_dA, b_k * tl.exp(d), input_precision=PREC)
+        d = b_bs - b_brs[None, :]
+        if EXACT:
+            d += c_s - c_rs[None, :]
+        b_dq *= tl.exp(tl.where(m_s[:, None], d, 0.0))
         for i_i in range(i_s + 1, NC):                                     # dk, off-diagonal I > s
             o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
             m_i = o_i < T
             r = i_t * BT + i_i * BC
             r_ok = (o_k * 0 + r) < T
             b_br = tl.load(b + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
-            c_r = tl.load(res + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_c & r_ok, other=0.0)
             b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
-            b_bi = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K)
-            c_i = load_rows(res, i_b, i_h, o_i, m_i, o_k, m_c, T, H, K)
+            d_i = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - b_br[None, :]     # q side, ≤ 0
+            d_s = b_br[None, :] - b_bs                                                    # k side, ≤ 0
+            if EXACT:
+                c_r = tl.load(res + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
+                d_i += load_rows(res, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - c_r[None, :]
+                d_s += c_r[None, :] - c_s
             b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
                            mask=m_i[:, None], other=0.0)
-            b_qg = b_q * tl.exp(tl.where(m_i[:, None], (b_bi - b_br[None, :]) + (c_i - c_r[None, :]), 0.0))
+            b_qg = b_q * tl.exp(tl.where(m_i[:, None], d_i, 0.0))
             b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
-                tl.exp(tl.where(m_s[:, None] & r_ok[None, :], (b_br[None, :] - b_bs) + (c_r[None, :] - c_s),
-                                float("-inf")))
+                tl.exp(tl.where(m_s[:, None] & r_ok[None, :], d_s, float("-inf")))
         b_q = load_rows(q, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K).to(tl.float32)
         for j in range(BC):                                # diagonal block, row by row, its diagonal left out
             t_j = i_t * BT + i_s * BC + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
             b_kj = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
             b_qj = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
-            b_bj = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)
-            c_j = tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk & m_c, other=0.0)
-            d = (b_bs - b_bj[None, :]) + (c_s - c_j[None, :])
+            d = b_bs - tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
+            if EXACT:
+                d += c_s - tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
             # column j of dA (rows i > j of block s) → dq rows; row j of dA (cols < j) → dk rows
             dA_col = tl.load(dA + row_offsets(i_b, i_h, o_s, T, H, BT) + i_s * BC + j, mask=m_s, other=0.0)
             dA_row = tl.load(dA + row_offsets(i_b, i_h, t_j, T, H, BT) + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
@@ -233,8 +244,9 @@ def chunk_intra_bwd(q, k, b, res, dA, scale: float, chunk_size: int, sub_chunk: 
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
     grid = (cdiv(K, BK) * (chunk_size // BC), cdiv(T, chunk_size), B * H)
-    chunk_intra_bwd_kernel[grid](q, k, b, res, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1,
-                                 dot_precision(q), RESIDUAL_FROM, num_warps=num_warps)
+    for exact in (False, True):                         # the weak chunks, then the strong ones (kernel docstring)
+        chunk_intra_bwd_kernel[grid](q, k, b, res, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1,
+                                     dot_precision(q), RESIDUAL_FROM, exact, num_warps=num_warps)
     return dq, dk
 
 
