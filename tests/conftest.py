@@ -13,6 +13,14 @@ if not torch.cuda.is_available():
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:      # pytest -n N: the cores shared out, not N × all of them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The `slow` tests first: pytest -n hands tests out from the front, so a minute-long test collected last would
+    leave the other workers idle while it runs alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 BPE_FILE = SHARED / "data" / "tokenizers" / "gpt2.tiktoken"

@@ -9,6 +9,7 @@ import pytest
 from scripts.check_resume import compare_rows, main, rows
 
 
+@pytest.mark.slow
 def test_a_resumed_cpu_run_is_bit_for_bit_and_evaluates(tmp_path):
     r = main(["--config", "configs/smoke.yaml", "--backend", "naive", "--steps", "4", "--at", "2", "--eval", "cpu",
               "--out", str(tmp_path), "--data.synthetic.eval_tokens=4096", "--train.eval_batches=1"])

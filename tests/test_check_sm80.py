@@ -13,6 +13,7 @@ needs_cuda_backend = pytest.mark.skipif(not has_triton_cuda_backend(),
                                         reason="Triton's CUDA backend (and its ptxas) is not installed")
 
 
+@pytest.mark.slow
 @needs_cuda_backend
 def test_smoke_model_launches_compile_for_sm80_and_sm90(tmp_path):
     rows = main(["--configs", "smoke", "--backends", "fused", "--out", str(tmp_path)])
@@ -50,6 +51,7 @@ def test_unknown_backend_is_refused_before_any_work(capsys):
     assert "unknown backend(s) fuse" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_cuda_backend
 def test_gated_deltanet_launches_fit_the_a100(tmp_path):
     """The A100 guard for the launch with the least margin: Gated DeltaNet's state backward (delta_h_bwd_kernel,
