@@ -102,15 +102,15 @@ def fp32_bound(decay: str, gk: torch.Tensor, chunk_size: int = 64) -> float:
 
 
 def recurrence_cases() -> list:
-    """Every backend × shape × decay profile with a per-key decay; with a scalar decay, every one on `chunk` (its own
-    scalar kernels) but one profile per shape on `fused`, which expands a scalar decay to per-key ones and runs the
-    kernels the per-key cases test (what is its own there, the broadcast's gradient, is the same at any decay)."""
+    """Every backend × shape × decay profile with a per-key decay; with a scalar decay, one profile per shape. What a
+    scalar decay adds here is GLA's way into kernels tested elsewhere at every decay: `chunk` runs the scalar-decay
+    stages SSD runs (tests/ops/test_ssd.py, test_decay_grad.py), `fused` expands it to the per-key kernels above."""
     cases = []
     for scalar in (False, True):
         for i, decay in enumerate(DECAYS):
             for j, shape in enumerate(CHUNK_SHAPES):
                 for backend in TRITON_BACKENDS:
-                    if scalar and backend == "fused" and i != j % len(DECAYS):
+                    if scalar and i != j % len(DECAYS):
                         continue
                     cases.append(pytest.param(backend, shape, decay, scalar, id="{}-{}-B{}T{}H{}K{}V{}-{}".format(
                         "scalar" if scalar else "gk", decay, *shape, backend)))
