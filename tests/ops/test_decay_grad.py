@@ -7,13 +7,13 @@ head runs one decay regime and its decay gradient is measured on its own. The or
 chunkwise naive backend: that one forms ∂g through b_i − b_j, whose diagonal pairs cancel even in fp64 at −50
 per step (e^−50 is below fp64's 2⁻⁵³), where it returns 0.
 
-Two things were needed for 1e-5 (measured ≤ 2e-6 at C = 64). How the gradient is formed: before the pairs without
-decay (a step with itself; the chunk's last key with the state it leaves, through the final state's gradient)
-were kept out of it, ∂g was off by 30 at −20 and 1e13 at −50. And the exponents: b = Σ g is held in fp32, so
-b_t − b_s carries ulp(|b|) of rounding, up to 2e-4 at |b| ~ 3000 (C = 64 at −50 per step); a decay gradient made
-of near pairs only, as at strong decay, had that relative error (4.5e-5–8e-5) until the backward added the
-residual of b's rounding to every exponent (ops/chunkwise/cumsum.py). The decays are drawn off any grid, so b's
-rounding is real. The MIXED head puts −1 next to −50 at random steps (test_ssd_dA says why not for SSD's ∂A);
+What the bound tests, in two parts. How the gradient is formed: the pairs without decay (a step with itself; the
+chunk's last key with the state it leaves, through the final state's gradient) must never enter it, since at strong
+decay they dwarf the true ∂g and would cancel to their rounding. And the exponents: b = Σ g is held in fp32, so
+b_t − b_s carries ulp(|b|) of rounding, up to 2e-4 relative at |b| ~ 3000 (C = 64 at −50 per step), and a decay
+gradient made of near pairs only, as at strong decay, has that relative error unless the backward adds the residual
+of b's rounding to every exponent (ops/chunkwise/cumsum.py); the decays are drawn off any grid, so b's rounding is
+real. The MIXED head puts −1 next to −50 at random steps (test_ssd_dA says why not for SSD's ∂A);
 ∂g_u = Σ_{t≥u} db_t within the chunk, whose reverse cumsum must be a scan of its own
 (test_reverse_cumsum_keeps_small_suffixes).
 """
