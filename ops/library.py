@@ -67,7 +67,10 @@ def _traced(a: object) -> bool:
 
 class _Eager(torch.autograd.Function):
     """A KernelOp's body and gradient formula without the dispatcher. Inputs: the op's arguments, then the KernelOp
-    (last, so that ctx.needs_input_grad[i] is still the op's i-th argument)."""
+    (last, so that ctx.needs_input_grad[i] is still the op's i-th argument). The intermediates an op returns for its
+    backward are marked non-differentiable; autograd would hand the backward a zero-filled gradient for each (a fill
+    kernel the size of the tensor), so grads are not materialised: those arrive as None, and only a differentiable
+    output that received no gradient gets zeros, as autograd would give it."""
 
     @staticmethod
     def forward(*args):
@@ -77,9 +80,16 @@ class _Eager(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         ctx.kernel_op = inputs[-1]
         ctx.kernel_op.setup_context(ctx, inputs[:-1], output)
+        ctx.set_materialize_grads(False)
+        outs = output if isinstance(output, tuple) else (output,)
+        frozen = {id(t) for t in getattr(ctx, "non_differentiable", None) or ()}   # mark_non_differentiable's record
+        ctx.zero_like = [None if id(o) in frozen or not o.is_floating_point() else (o.shape, o.dtype, o.device)
+                         for o in outs]
 
     @staticmethod
     def backward(ctx, *grads):
+        grads = tuple(torch.zeros(*meta[:1], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+                      for g, meta in zip(grads, ctx.zero_like))
         return (*ctx.kernel_op.backward(ctx, *grads), None)
 
 

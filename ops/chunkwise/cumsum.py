@@ -20,11 +20,19 @@ import triton.language as tl
 
 from ops.triton_utils import cdiv, next_power_of_2, row_offsets
 
-# The chunk decay −b_L (largest over key dims) from which the backward kernels add r: below it |b| ≤ 64 and b's
-# rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk. At realistic decays no chunk
-# gets there, and the kernels run as they would without r: the chunkwise intra-chunk backward is launched once for
-# the chunks below (compiled without r) and once for those above; the others branch per chunk or tile.
+# The chunk decay −b_L (largest over key dims) from which the per-key backward kernels add r: below it |b| ≤ 64 and
+# b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk. At realistic decays no
+# chunk gets there, and those kernels run as they would without r (residual_launches; fused GLA's sub-block kernels
+# mask their loads of r, residual_mask). A scalar decay's r is one value a row, read everywhere.
 RESIDUAL_FROM = 64.0
+
+
+def residual_launches(scalar: bool) -> tuple[tuple[bool, bool], ...]:
+    """(EXACT, REDO) of each launch of a chunkwise backward stage. A per-key r is a [C, K] tile a chunk, as large as
+    b's: every chunk is taken without it, then a second launch (REDO) returns at once from the chunks whose decay is
+    at most RESIDUAL_FROM and redoes the others with it, overwriting their outputs. A scalar r costs a [C] load: one
+    launch, r read everywhere (a second launch over every chunk costs more than the load)."""
+    return ((True, False),) if scalar else ((False, False), (True, True))
 
 
 @triton.jit

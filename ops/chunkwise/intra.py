@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay
+from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_launches
 from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, tile
 
 
@@ -108,11 +108,11 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
 @triton.jit
 def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                           MAXR: tl.constexpr, EXACT: tl.constexpr):
+                           MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr):
     """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s, the
-    diagonal pairs left out (see the module docstring). Launched twice (chunk_intra_bwd): EXACT = False takes
-    the chunks whose decay is at most MAXR, EXACT = True the others, where every exponent b_i − b_j adds r_i − r_j
-    (res: b's residual, ops/chunkwise/cumsum.py). Each launch returns at once from the other's chunks."""
+    diagonal pairs left out (see the module docstring). EXACT adds r_i − r_j to every exponent b_i − b_j (res: b's
+    residual, ops/chunkwise/cumsum.py). REDO returns at once from the chunks whose decay is at most MAXR, so that a
+    launch without r over every chunk, then one with EXACT and REDO, costs the common path no test of the decay."""
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
@@ -120,12 +120,13 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
     i_k, i_s = i_kc % NK, i_kc // NK
     if i_t * BT + i_s * BC >= T:                                # sub-block wholly past the sequence
         return
-    if SCALAR:
-        strong = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) > MAXR
-    else:
-        strong = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MAXR
-    if strong != EXACT:
-        return
+    if REDO:
+        if SCALAR:
+            weak = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) <= MAXR
+        else:
+            weak = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR
+        if weak:
+            return
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     o_s = i_t * BT + i_s * BC + tl.arange(0, BC)
@@ -244,9 +245,9 @@ def chunk_intra_bwd(q, k, b, res, dA, scale: float, chunk_size: int, sub_chunk: 
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
     grid = (cdiv(K, BK) * (chunk_size // BC), cdiv(T, chunk_size), B * H)
-    for exact in (False, True):                         # the weak chunks, then the strong ones (kernel docstring)
+    for exact, redo in residual_launches(b.shape[-1] == 1):
         chunk_intra_bwd_kernel[grid](q, k, b, res, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, b.shape[-1] == 1,
-                                     dot_precision(q), RESIDUAL_FROM, exact, num_warps=num_warps)
+                                     dot_precision(q), RESIDUAL_FROM, exact, redo, num_warps=num_warps)
     return dq, dk
 
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_mask
+from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_launches
 from ops.chunkwise.state import pad_chunks, chunk_last
 from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
@@ -159,11 +159,18 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
 def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                          MAXR: tl.constexpr):
-    """exp(b_L − b) adds r_L − r (res: b's residual, ops/chunkwise/cumsum.py; per key, read only in a chunk
-    whose decay exceeds MAXR)."""
+                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr):
+    """EXACT: exp(b_L − b) adds r_L − r (res: b's residual, ops/chunkwise/cumsum.py); REDO: returns at once from
+    the chunks whose decay is at most MAXR (cumsum.residual_launches)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
+    if REDO:
+        if SCALAR:
+            weak = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) <= MAXR
+        else:
+            weak = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR
+        if weak:
+            return
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = i_k * BK + tl.arange(0, BK)
@@ -177,19 +184,22 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk
     if SCALAR:
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
-        c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
-        c_l = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1))
+        d = b_bl - b_b
+        if EXACT:
+            d += tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
+                tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_dq *= (tl.exp(b_b) * scale)[:, None]
-        b_dk *= tl.exp(tl.where(m_t, (b_bl - b_b) + (c_l - c_b), 0.0))[:, None]
+        b_dk *= tl.exp(tl.where(m_t, d, 0.0))[:, None]
         b_hdh *= tl.exp(b_bl)
     else:
         b_b = load_rows(b, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
-        m_c = residual_mask(m_k, b_bl, MAXR)
-        c_b = load_rows(res, i_b, i_h, o_t, m_t, o_k, m_c, T, H, K)
-        c_l = tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_c, other=0.0)
+        d = b_bl[None, :] - b_b
+        if EXACT:
+            d += tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)[None, :] - \
+                load_rows(res, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_dq *= tl.exp(b_b) * scale
-        b_dk *= tl.exp(tl.where(m_t[:, None], (b_bl[None, :] - b_b) + (c_l[None, :] - c_b), 0.0))
+        b_dk *= tl.exp(tl.where(m_t[:, None], d, 0.0))
         b_hdh *= tl.exp(b_bl)
     p = row_offsets(i_b, i_h, o_t[:, None], T, H, K) + o_k[None, :]
     is_last = (o_t == last)[:, None]
@@ -280,10 +290,10 @@ def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale: float,
     db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, cdiv(T, chunk_size), B * H)
-    chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
-                                H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM,
-                                num_warps=num_warps,
-                                **({} if num_stages is None else {"num_stages": num_stages}))
+    for exact, redo in residual_launches(scalar):
+        chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk, db, scale, T, h.shape[1],
+                                    H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM, exact, redo,
+                                    num_warps=num_warps, **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (db.sum(0) if scalar else db)
 
 

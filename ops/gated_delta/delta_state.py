@@ -23,7 +23,6 @@ import triton.language as tl
 from ops.triton_utils import cdiv, load_rows, load_rows_t, next_power_of_2, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 from ops.gated_delta.wy import per_chunk, per_step
-from ops.chunkwise.cumsum import RESIDUAL_FROM
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.varlen import Documents
 
@@ -75,11 +74,11 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
 @triton.jit
 def delta_h_bwd_kernel(q, k, w, b, res, A, do, dh, dv_new, dht, dh0, scale, T, NT, H: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr, MAXR: tl.constexpr,
-                       reset=None, HAS_RESET: tl.constexpr = False):
+                       USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr, reset=None,
+                       HAS_RESET: tl.constexpr = False):
     """HAS_RESET (packed documents; ops/chunkwise/resets.py): dh restarts from dht[d] at document d's last chunk,
     and dh0 [N, H, K, V] gets each document's start gradient. exp(b_L − b) adds r_L − r (res: b's residual,
-    ops/chunkwise/cumsum.py) in a chunk whose decay exceeds MAXR."""
+    ops/chunkwise/cumsum.py)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
@@ -106,10 +105,9 @@ def delta_h_bwd_kernel(q, k, w, b, res, A, do, dh, dv_new, dht, dh0, scale, T, N
         b_dv = tl.dot(b_At.to(b_do.dtype), b_do, input_precision=PREC)
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
-        c_d = tl.zeros([BT], dtype=tl.float32)
-        if b_bl < -MAXR:                                  # r matters only in a strongly decaying chunk
-            c_d = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
-                tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        # r read in every chunk: a branch on the decay here would keep the loop from being software-pipelined
+        c_d = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
+            tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kd = b_k * tl.exp(tl.where(m_t, (b_bl - b_b) + c_d, 0.0))[:, None]
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
@@ -175,8 +173,7 @@ def delta_h_bwd(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, b: torch.Tens
         num_stages = 1 if do.element_size() == 4 and BK * BV > 4096 else 3
     delta_h_bwd_kernel[(cdiv(V, BV), B * H)](q, k, w, b, res, A, do, dh, dv_new, dht, dh0, scale, T, NT, H, K, V,
                                                      chunk_size, BK, BV, dht is not None, need_dh0,
-                                                     dot_precision(do), RESIDUAL_FROM, num_warps=num_warps,
-                                                     num_stages=num_stages,
+                                                     dot_precision(do), num_warps=num_warps, num_stages=num_stages,
                                                      **reset_args(docs))
     return dh, dv_new, dh0
 

@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM
 from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 
@@ -179,9 +178,9 @@ def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, 
 @triton.jit
 def wy_bwd_kernel(k, v, b, res, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  PREC: tl.constexpr, MAXR: tl.constexpr):
+                  PREC: tl.constexpr):
     """Everything but the (M + Mᵀ) k part of dk, which needs M transposed (wy_bwd_dk_kernel). exp(b_i − b_j) adds
-    r_i − r_j (res: b's residual, ops/chunkwise/cumsum.py) in a chunk whose decay exceeds MAXR."""
+    r_i − r_j (res: b's residual, ops/chunkwise/cumsum.py)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_c = tl.arange(0, BT)
@@ -227,9 +226,7 @@ def wy_bwd_kernel(k, v, b, res, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T,
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dbeta += tl.sum(b_v * b_dvb, 1)
     strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    c_b = tl.zeros([BT], dtype=tl.float32)
-    if tl.min(b_b, axis=0) < -MAXR:                                     # r matters only in a strong chunk
-        c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+    c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)     # [C]: read in every chunk
     b_E = tl.exp(tl.where(strict, (b_b[:, None] - b_b[None, :]) + (c_b[:, None] - c_b[None, :]), float("-inf")))
     b_dLE = -tl.dot(tl.dot(b_Tt, b_dT, input_precision=PREC), b_Tt, input_precision=PREC) * b_E
     b_KK = tl.zeros([BT, BT], dtype=tl.float32)                         # k kᵀ, after dTm is dead (registers)
@@ -304,7 +301,7 @@ def wy_bwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, res: torch.Tensor,
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
     db = torch.empty_like(dbeta)
     wy_bwd_kernel[(NT, B * H)](k, v, b, res, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T, NT, H, K, V,
-                               chunk_size, BK, BV, prec, RESIDUAL_FROM, num_warps=num_warps)
+                               chunk_size, BK, BV, prec, num_warps=num_warps)
     wy_bwd_dk_kernel[(cdiv(K, BK), NT, B * H)](k, M, dk_wy, dk_in, dk, T, H, K, chunk_size, BK, prec,
                                                       num_warps=num_warps)
     return dk, dv, dbeta, db

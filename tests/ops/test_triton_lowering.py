@@ -122,15 +122,18 @@ _with_docs("ops.gated_delta.delta_state.delta_h_fwd_kernel", {"reset": "*i32"}, 
 _with_docs("ops.gated_delta.delta_state.delta_h_bwd_kernel", {"reset": "*i32"}, {}, (
     {"q": BF16, "k": BF16, "w": BF16, "b": F32, "res": F32, "A": BF16, "do": BF16, "dh": BF16, "dv_new": F32,
      "dht": F32, "dh0": F32}, ("T", "NT"), ("scale",),
-    {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "USE_DHT": True, "STORE_DH0": True, "PREC": "tf32",
-     "MAXR": 64.0}))
-# the intra-chunk backward's two specializations (its strong-decay launch runs only where decays exceed 64 a
-# chunk, so no training step's capture in check_sm80.py compiles it), and the residual it reads
+    {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "USE_DHT": True, "STORE_DH0": True, "PREC": "tf32"}))
+# the per-key intra-chunk and output backward's second launch (it returns at once unless a chunk's decay exceeds 64,
+# so no training step's capture in check_sm80.py sees it do more), and the residual they read
 _INTRA = ({"q": BF16, "k": BF16, "b": F32, "res": F32, "dA": F32, "dq": F32, "dk": F32}, ("T",), ("scale",),
           {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "PREC": "tf32", "MAXR": 64.0})
-for _scalar in (False, True):
-    KERNELS[f"ops.chunkwise.intra.chunk_intra_bwd_kernel#{'scalar' if _scalar else 'gk'}-exact"] = (
-        *_INTRA[:3], {**_INTRA[3], "SCALAR": _scalar, "EXACT": True})
+KERNELS["ops.chunkwise.intra.chunk_intra_bwd_kernel#gk-redo"] = (
+    *_INTRA[:3], {**_INTRA[3], "SCALAR": False, "EXACT": True, "REDO": True})
+KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
+    {**{n: BF16 for n in ("q", "k", "v", "h", "dh", "do", "dq", "dk")},
+     **{n: F32 for n in ("b", "res", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
+    {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "SCALAR": False, "PREC": "tf32", "MAXR": 64.0,
+     "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
 
