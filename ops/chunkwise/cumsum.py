@@ -40,14 +40,16 @@ def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.cons
                         REVERSE: tl.constexpr):
     i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    o_t = i_t * BT + tl.arange(0, BT)
+    # reverse: its own scan, not the chunk total minus the forward one, which would leave the rounding of the
+    # largest partial sum in every row (dg_u of a weak decay after a strong one is far below the rows before it);
+    # the rows are read last to first and scanned forward (tl.cumsum's reverse flips the tile, a slower kernel)
+    o_c = (BT - 1 - tl.arange(0, BT)) if REVERSE else tl.arange(0, BT)
+    o_t = i_t * BT + o_c
     o_s = i_s * BS + tl.arange(0, BS)
     m = (o_t[:, None] < T) & (o_s[None, :] < S)
     ptr = row_offsets(i_b, i_h, o_t[:, None], T, H, S) + o_s[None, :]
     b_x = tl.load(x + ptr, mask=m, other=0.0).to(tl.float32)
-    # reverse: its own scan, not the chunk total minus the forward one, which would leave the rounding of the
-    # largest partial sum in every row (dg_u of a weak decay after a strong one is far below the rows before it)
-    b_o = tl.cumsum(b_x, axis=0, reverse=REVERSE)
+    b_o = tl.cumsum(b_x, axis=0)
     tl.store(out + ptr, b_o, mask=m)
 
 
