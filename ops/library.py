@@ -88,7 +88,7 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        grads = tuple(torch.zeros(*meta[:1], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+        grads = tuple(torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
                       for g, meta in zip(grads, ctx.zero_like))
         return (*ctx.kernel_op.backward(ctx, *grads), None)
 

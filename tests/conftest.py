@@ -14,7 +14,6 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:      # pytest -n N: the cores shar
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
-
 def pytest_collection_modifyitems(items: list) -> None:
     """The `slow` tests first: pytest -n hands tests out from the front, so a minute-long test collected last would
     leave the other workers idle while it runs alone."""

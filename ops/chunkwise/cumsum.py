@@ -30,8 +30,8 @@ RESIDUAL_FROM = 64.0
 def residual_launches(scalar: bool) -> tuple[tuple[bool, bool], ...]:
     """(EXACT, REDO) of each launch of a chunkwise backward stage. A per-key r is a [C, K] tile a chunk, as large as
     b's: every chunk is taken without it, then a second launch (REDO) returns at once from the chunks whose decay is
-    at most RESIDUAL_FROM and redoes the others with it, overwriting their outputs. A scalar r costs a [C] load: one
-    launch, r read everywhere (a second launch over every chunk costs more than the load)."""
+    at most RESIDUAL_FROM and redoes the others with it, overwriting their outputs. A scalar r is one value a row:
+    one launch, r read everywhere (a second launch over every chunk costs more than the load)."""
     return ((True, False),) if scalar else ((False, False), (True, True))
 
 
@@ -72,6 +72,18 @@ def chunk_decay(b, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.co
         o_k = i_k * BK + tl.arange(0, BK)
         r = tl.maximum(r, -tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=o_k < K, other=0.0))
     return tl.max(r, axis=0)
+
+
+@triton.jit
+def weak_chunk(b, i_b, i_h, i_t, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               SCALAR: tl.constexpr, MAXR: tl.constexpr):
+    """Whether chunk i_t's decay is at most MAXR, where b's rounding needs no residual (b: [B, T, H, 1] if SCALAR,
+    else [B, T, H, K]): a REDO launch returns from such chunks (residual_launches)."""
+    if SCALAR:
+        weak = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) <= MAXR
+    else:
+        weak = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR
+    return weak
 
 
 @triton.jit

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_launches
+from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_launches, weak_chunk
 from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, tile
 
 
@@ -121,11 +121,7 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
     if i_t * BT + i_s * BC >= T:                                # sub-block wholly past the sequence
         return
     if REDO:
-        if SCALAR:
-            weak = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) <= MAXR
-        else:
-            weak = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR
-        if weak:
+        if weak_chunk(b, i_b, i_h, i_t, T, H, K, BT, BK, SCALAR, MAXR):
             return
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_launches
+from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_launches, weak_chunk
 from ops.chunkwise.state import pad_chunks, chunk_last
 from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
@@ -165,11 +165,7 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, dq, dk
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if REDO:
-        if SCALAR:
-            weak = chunk_decay(b, i_b, i_h, i_t, T, H, 1, BT, 16) <= MAXR
-        else:
-            weak = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) <= MAXR
-        if weak:
+        if weak_chunk(b, i_b, i_h, i_t, T, H, K, BT, BK, SCALAR, MAXR):
             return
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
