@@ -43,7 +43,7 @@ from utils.checkpoint import (check_resume_config, clean_stale_tmp, latest_check
                               resume_target, save_checkpoint, supersede_after)
 from utils.cli import run_cli
 from utils.compile import compiled_step, resolve_compile
-from utils.cuda_graph import GraphedMicroBatch, resolve_cuda_graphs
+from utils.cuda_graph import DDP_ENV, DDP_WARMUP, WARMUP, GraphedMicroBatch, ddp_capture, resolve_cuda_graphs
 from utils.errors import write_error
 from utils.precision import fsdp_plugin, resolve_precision
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
@@ -152,14 +152,17 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         checkpoint_activations(meta_model, tc.activation_checkpointing)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     compile_on, compile_why = resolve_compile(cfg, device_type, fsdp_plugin(precision) is not None)
-    graphs_on, graphs_why = resolve_cuda_graphs(cfg, device_type, int(os.environ.get("WORLD_SIZE", 1)), precision)
+    launched = int(os.environ.get("WORLD_SIZE", 1))
+    graphs_on, graphs_why = resolve_cuda_graphs(cfg, device_type, launched, precision,
+                                                fsdp_plugin(precision) is not None)
+    if graphs_on and launched > 1:
+        os.environ.update(DDP_ENV)      # before accelerate starts the process group
     run_dir = Path(tc.out_dir) / tc.name
     # cpu=True without a GPU: accelerate sets up gloo for several CPU processes (torchrun) only when told;
     # without it each process would train alone, all racing for the same run folder
     accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
                               fsdp_plugin=fsdp_plugin(precision), log_with=log_with,
                               project_config=project_config(run_dir))
-    launched = int(os.environ.get("WORLD_SIZE", 1))
     if accelerator.num_processes != launched:
         raise SystemExit(f"error: {launched} processes were launched but accelerate set up {accelerator.num_processes}; "
                          "launch with `accelerate launch --num_processes N` on GPUs (or torchrun on CPUs)")
@@ -212,7 +215,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     compute_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     plans = model.kernel_plans(tc.micro_batch_size, cfg.data.seq_len, compute_dtype, device)
     recompute = checkpoint_activations(model, tc.activation_checkpointing)     # before FSDP2 shards and compile
-    model, optimizer = accelerator.prepare(model, optimizer)
+    with ddp_capture(graphs_on, launched) as capture_stream:
+        model, optimizer = accelerator.prepare(model, optimizer)
     step_model = compiled_step(model, cfg) if compile_on else model     # evaluation and checkpoints use `model`
     sampler = BatchSampler(train_store, cfg.data.seq_len, tc.micro_batch_size, tc.grad_accum,
                            accelerator.num_processes, accelerator.process_index, tc.seed,
@@ -223,7 +227,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         _, loss = step_model(x, y, return_logits=False, cu_seqlens=cu)     # chunked head + loss
         accelerator.backward(loss / tc.grad_accum)
         return loss.detach()
-    graphed = GraphedMicroBatch(micro_step, list(model.parameters())) if graphs_on else None
+    graphed = GraphedMicroBatch(micro_step, list(model.parameters()), DDP_WARMUP if launched > 1 else WARMUP,
+                                capture_stream) if graphs_on else None
     sep = separator_token(train_store, cfg.data.varlen)           # packed documents: split at each separator
 
     step, last_ckpt, state = 0, None, {}
@@ -305,8 +310,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                     x, y = x.pin_memory(), y.pin_memory()
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    loss = graphed(x, y) if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)),
-                                                                    cu)
+                    loss = graphed(x, y, sync) if graphed else micro_step(
+                        *(t.to(device, non_blocking=True) for t in (x, y)), cu)
                 loss_sum += loss / tc.grad_accum
             write_row()           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
             # max_norm = inf measures the norm without clipping
@@ -358,6 +363,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         if metrics:
             metrics.close()
         accelerator.end_training()      # the trackers' files closed, on every path
+    if graphed:
+        log(f"CUDA graphs: {graphed.replays} micro-batches replayed")
     result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy,
                   graph_replays=graphed.replays if graphed else None)
     if "val_loss" in result and entropy is not None:

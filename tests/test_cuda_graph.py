@@ -15,6 +15,7 @@ from model import build_model
 from model.config import ModelConfig
 from tests.helpers import rel_err, reset_accelerate
 from tests.test_compile import CELLS, TINY
+from tests.test_multiprocess import REPO
 from tests.test_train import losses, tiny
 from utils.cuda_graph import WARMUP, GraphedMicroBatch, resolve_cuda_graphs
 
@@ -30,22 +31,25 @@ def graphs(value: str = "true", backend: str = "fused", **data_kw) -> Config:
 
 
 CANNOT = [(graphs(), "cpu", 1, "no", "needs a CUDA GPU"),
-          (graphs(), "cuda", 2, "bf16", "runs on one process"),
+          (graphs(), "cuda", 2, "bf16", "does not capture FSDP2"),
           (graphs(varlen=True), "cuda", 1, "bf16", "data.varlen"),
           (graphs(), "cuda", 1, "fp16", "fp16")]
 
 
 @pytest.mark.parametrize("cfg,device,world,precision,message", CANNOT)
 def test_where_a_graph_cannot_work_true_is_refused_and_auto_is_off(cfg, device, world, precision, message):
+    fsdp = "FSDP2" in message
     with pytest.raises(ConfigError, match=f"train.cuda_graphs .*{message}.*; pass --train.cuda_graphs=false"):
-        resolve_cuda_graphs(cfg, device, world, precision)
+        resolve_cuda_graphs(cfg, device, world, precision, fsdp)
     on, why = resolve_cuda_graphs(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, cuda_graphs="auto")),
-                                  device, world, precision)
+                                  device, world, precision, fsdp)
     assert not on and why.startswith("auto: off") and message in why, why
 
 
-def test_auto_captures_on_one_gpu_except_fla():
-    assert resolve_cuda_graphs(graphs("auto"), "cuda", 1, "bf16") == (True, "auto: on for one CUDA process")
+def test_auto_captures_on_gpus_except_fla():
+    assert resolve_cuda_graphs(graphs("auto"), "cuda", 1, "bf16") == (True, "auto: on for CUDA GPUs")
+    assert resolve_cuda_graphs(graphs("auto"), "cuda", 4, "bf16") == (True, "auto: on for CUDA GPUs, DDP's all-reduce "
+                                                                            "captured too")
     assert resolve_cuda_graphs(graphs("auto", "naive"), "cuda", 1, "no")[0]
     on, why = resolve_cuda_graphs(graphs("auto", "fla"), "cuda", 1, "bf16")
     assert not on and "fla" in why
@@ -130,3 +134,34 @@ def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing)
     assert sorted(resumed) == list(range(1, 13))
     bad = {s: (graphed[s], resumed[s]) for s in graphed if not abs(graphed[s] - resumed[s]) <= 1e-4 * abs(graphed[s])}
     assert not bad and abs(resumed_val[12] - graphed_val[12]) <= 1e-4 * graphed_val[12], (bad, resumed_val)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP's captured all-reduce needs two CUDA GPUs")
+def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path):
+    """accelerate launch on two GPUs (DDP), accumulation 2, with and without graphs: the same losses step for step
+    (bf16 autocast; DDP's all-reduce inside the graph of the micro-batch that syncs, none in the no_sync one's), and
+    micro-batches replayed after DDP_WARMUP of each kind."""
+    import subprocess
+    import sys
+
+    from tests.test_multiprocess import free_port
+    from utils.cuda_graph import DDP_WARMUP
+
+    steps = DDP_WARMUP + 4
+    common = tiny(tmp_path, "x", "--backend", "fused", "--train.grad_accum=2", f"--train.max_steps={steps}",
+                  "--train.eval_interval=0", "--train.ckpt_interval=0")
+    out = {}
+    for graphs_setting in ("false", "true"):
+        argv = [a for a in common if not a.startswith("--train.name=")] + [f"--train.name={graphs_setting}",
+                                                                             f"--train.cuda_graphs={graphs_setting}"]
+        p = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                            "configs/accelerate/ddp.yaml", "--num_processes", "2", "--main_process_port",
+                            str(free_port()), "train.py", *argv], capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert p.returncode == 0, p.stderr[-3000:]
+        out[graphs_setting] = p.stdout
+    assert "DDP's all-reduce captured too" in out["true"]
+    assert f"CUDA graphs: {2 * (steps - DDP_WARMUP)} micro-batches replayed" in out["true"]
+    plain, graphed = (losses(tmp_path / "runs" / n)[0] for n in ("false", "true"))
+    assert plain.keys() == graphed.keys() == set(range(1, steps + 1))
+    bad = {s: (plain[s], graphed[s]) for s in plain if not abs(plain[s] - graphed[s]) <= 1e-4 * abs(plain[s])}
+    assert not bad, bad

@@ -12,17 +12,21 @@ What a graph requires of the step, and how it is met:
 - Static shapes: every micro-batch is [micro_batch_size, seq_len] (a different shape is an error).
 - Fixed gradient buffers: every `.grad` exists before the capture and is zeroed in place between steps
   (`zero_grad(set_to_none=False)`), so that each replay accumulates into the same memory.
-- Warm-up before capture: the first WARMUP micro-batches run normally, on the capture stream. They compile the
-  model, compile and autotune the Triton kernels and allocate cuBLAS's workspace; none of that may happen inside a
-  capture.
+- Warm-up before capture: the first WARMUP micro-batches (DDP_WARMUP under DDP) run normally, on the capture
+  stream. They compile the model, compile and autotune the Triton kernels and allocate cuBLAS's workspace, and let
+  DDP's reducer settle its buckets; none of that may happen inside a capture.
 - Nothing in the step may wait for the GPU (`.item()`, a shape read from data). A capture that fails is an error
   naming the setting, with CUDA's reason.
-- One process: DDP's and FSDP2's communication hooks run on the host between kernels and are not captured.
+- DDP: NCCL's all-reduce is captured with the backward (NCCL allows it), as PyTorch documents: the wrapper built on
+  the capture stream (ddp_capture), asynchronous error handling off, DDP_WARMUP eager iterations first. Micro-batches
+  inside no_sync launch no all-reduce, so they have a graph of their own. FSDP2 is not captured: its all-gathers and
+  reshards are driven from the host block by block.
 - No fp16 loss scaling: the scaler reads the gradients on the host.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Hashable, Iterator
 
 import torch
 
@@ -30,9 +34,12 @@ from config import Config, ConfigError
 
 CHOICES = ("auto", "true", "false")
 WARMUP = 2          # micro-batches run normally before the capture: the second sees every lazy initialisation done
+DDP_WARMUP = 11     # under DDP: its reducer rebuilds buckets and settles over the first iterations (PyTorch's advice)
+DDP_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}      # set before the process group starts when DDP is captured
 
 
-def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precision: str) -> tuple[bool, str]:
+def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precision: str,
+                        fsdp: bool = False) -> tuple[bool, str]:
     """(capture or not, the reason for the run log). `auto` captures wherever a graph can work (module docstring)
     except on `fla`, whose kernels are flash-linear-attention's own; `true` where it cannot is a ConfigError with the
     remedy."""
@@ -42,8 +49,8 @@ def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precisio
     if value == "false":
         return False, "train.cuda_graphs=false"
     why = ("needs a CUDA GPU" if device_type != "cuda" else
-           f"runs on one process ({world_size} were launched: DDP's and FSDP2's communication is not captured)"
-           if world_size > 1 else
+           "does not capture FSDP2 (its all-gathers and reshards are driven from the host block by block)"
+           if fsdp else
            "needs one shape for every micro-batch (data.varlen's document offsets change every step)"
            if cfg.data.varlen else
            "does not go with fp16 (its loss scaler reads the gradients on the host; bf16 needs no scaler)"
@@ -54,25 +61,32 @@ def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precisio
         return True, "train.cuda_graphs=true"
     if why is None and cfg.model.backend == "fla":
         why = "is not used with fla's kernels (flash-linear-attention's own autograd functions)"
-    return (False, f"auto: off (a graph {why})") if why else (True, "auto: on for one CUDA process")
+    if why:
+        return False, f"auto: off (a graph {why})"
+    return True, "auto: on for CUDA GPUs" + (", DDP's all-reduce captured too" if world_size > 1 else "")
 
 
 class GraphedMicroBatch:
     """`run(x, y)` (a micro-batch's forward and backward, returning its detached loss) captured as a CUDA graph
-    after WARMUP normal calls, then replayed. `params`: the parameters whose gradients the backward accumulates;
+    after `warmup` normal calls, then replayed. `params`: the parameters whose gradients the backward accumulates;
     their `.grad` is created here (zeros) when missing. Calling it returns the micro-batch's loss (a fresh tensor).
-    `replays` counts the calls served by the graph."""
+    `key` tells apart micro-batches that launch different work (under DDP, those that all-reduce and those inside
+    no_sync): each key has its own graph and warm-up, all in one memory pool. `stream`: the capture stream (DDP's
+    wrapper must have been built on it, see ddp_capture). `replays` counts the calls served by a graph."""
 
     def __init__(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 params: list[torch.nn.Parameter], warmup: int = WARMUP) -> None:
+                 params: list[torch.nn.Parameter], warmup: int = WARMUP,
+                 stream: torch.cuda.Stream | None = None) -> None:
         self.run, self.warmup = run, warmup
         self.params = [p for p in params if p.requires_grad]
-        self.calls, self.replays = 0, 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.stream = torch.cuda.Stream()
-        self.x = self.y = self.loss = None
+        self.calls: dict[Hashable, int] = {}
+        self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self.losses: dict[Hashable, torch.Tensor] = {}
+        self.replays, self.pool = 0, None
+        self.stream = stream or torch.cuda.Stream()
+        self.x = self.y = None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, key: Hashable = None) -> torch.Tensor:
         if self.x is None:
             self.x, self.y = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (x, y))
             for p in self.params:
@@ -83,14 +97,14 @@ class GraphedMicroBatch:
                              f"{tuple(self.x.shape)}; every micro-batch must have the same shape")
         self.x.copy_(x, non_blocking=True)      # asynchronous from pinned memory (train.py pins each batch)
         self.y.copy_(y, non_blocking=True)
-        self.calls += 1
-        if self.graph is None and self.calls > self.warmup:
-            self._capture()
-        if self.graph is None:
+        self.calls[key] = self.calls.get(key, 0) + 1
+        if key not in self.graphs and self.calls[key] > self.warmup:
+            self._capture(key)
+        if key not in self.graphs:
             return self._on_stream(lambda: self.run(self.x, self.y))
-        self.graph.replay()
+        self.graphs[key].replay()
         self.replays += 1
-        return self.loss.clone()        # the graph's own buffer is overwritten by the next replay
+        return self.losses[key].clone()        # the graph's own buffer is overwritten by the next replay
 
     def _on_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         """fn() on the capture stream, ordered after and before the current stream's work."""
@@ -100,14 +114,33 @@ class GraphedMicroBatch:
         torch.cuda.current_stream().wait_stream(self.stream)
         return out
 
-    def _capture(self) -> None:
+    def _capture(self, key: Hashable) -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()        # the warm-up's cached activations; the graph's live in its own pool
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
-                self.loss = self.run(self.x, self.y)
+            # thread_local: NCCL's watchdog thread may query its events while this thread captures
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                self.losses[key] = self.run(self.x, self.y)
         except RuntimeError as e:
             raise RuntimeError(f"train.cuda_graphs: capturing the training micro-batch failed: {e}. Something in the "
-                               "step waits for the GPU or changes with the data; drop --train.cuda_graphs") from e
-        self.graph = graph
+                               "step waits for the GPU or changes with the data; pass --train.cuda_graphs=false") \
+                from e
+        self.pool = self.pool or graph.pool()
+        self.graphs[key] = graph
+
+
+@contextlib.contextmanager
+def ddp_capture(on: bool, world_size: int) -> Iterator[torch.cuda.Stream | None]:
+    """Around accelerator.prepare: where graphs capture DDP's all-reduce (on and world_size > 1), DDP's wrapper is
+    built on the capture stream it yields, as PyTorch requires of a graphed DDP backward; None otherwise. (NCCL's
+    asynchronous error handling, which a capture cannot have, is turned off by the caller before the process group
+    starts: DDP_ENV.)"""
+    if not (on and world_size > 1):
+        yield None
+        return
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield stream
+    torch.cuda.current_stream().wait_stream(stream)
