@@ -129,6 +129,15 @@ class GraphedMicroBatch:
         self.pool = self.pool or graph.pool()
         self.graphs[key] = graph
 
+    def release(self) -> None:
+        """Frees the graphs and their memory pool once the GPU is idle. A graph that captured NCCL work must go before
+        its communicator does (destroy_process_group or the interpreter's exit), or the teardown may wait on it."""
+        torch.cuda.synchronize()
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.losses.clear()
+
 
 @contextlib.contextmanager
 def ddp_capture(on: bool, world_size: int) -> Iterator[torch.cuda.Stream | None]:
