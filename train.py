@@ -362,13 +362,11 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         bar.close()
         if metrics:
             metrics.close()
-        accelerator.end_training()      # the trackers' files closed, on every path
+        if graphed:      # graphs that captured NCCL work go before end_training destroys the process group
+            graphed.release()
+        accelerator.end_training()      # the trackers' files closed and the process group destroyed, on every path
     if graphed:
         log(f"CUDA graphs: {graphed.replays} micro-batches replayed")
-        graphed.release()
-        if launched > 1 and torch.distributed.is_initialized():     # the graphs held NCCL work: tear down here
-            torch.distributed.destroy_process_group()
-            log("process group destroyed after the graphs")
     result.update(steps=step, checkpoint=last_ckpt, entropy_rate=entropy,
                   graph_replays=graphed.replays if graphed else None)
     if "val_loss" in result and entropy is not None:

@@ -131,7 +131,7 @@ class GraphedMicroBatch:
 
     def release(self) -> None:
         """Frees the graphs and their memory pool once the GPU is idle. A graph that captured NCCL work must go before
-        its communicator does (destroy_process_group or the interpreter's exit), or the teardown may wait on it."""
+        its communicator does (accelerate's end_training destroys the process group), or the teardown waits on it."""
         torch.cuda.synchronize()
         for graph in self.graphs.values():
             graph.reset()
