@@ -13,15 +13,19 @@ ranks at once. Variants (`:`-separated options after the kind):
   ddp          DistributedDataParallel; options: bucket=MB (bucket_cap_mb, default 25), view
                (gradient_as_bucket_view), static (static_graph), compile (torch.compile of the DDP module, as
                train.py's --train.compile_scope=model: Dynamo's DDPOptimizer splits it at the buckets), blocks
-               (each block compiled inside the DDP module, as train.py's default scope)
+               (each block compiled inside the DDP module, as train.py's default scope), graph (the forward and
+               backward captured as a CUDA graph, DDP's all-reduce with them, as train.py's --train.cuda_graphs)
   fsdp         FSDP2 as configs/accelerate/fsdp.yaml shards it (each Block, then the root; bf16 parameters, fp32
                gradient reduction); options: noreshard (reshard_after_forward=False: the backward reuses the
                forward's gathered parameters), compile (each block compiled, as train.py's block scope)
-  (`local:compile` compiles the local step fullgraph; `local:blocks` compiles each block, as train.py's default.)
+  (`local:compile` compiles the local step fullgraph; `local:blocks` compiles each block, as train.py's default;
+  `local:graph` captures the local forward and backward. A graph variant warms up at least as many steps as its
+  capture needs.)
 From rank 0's kernel timeline: step time (wall, between two synchronizations, per step), GPU busy (the union of
 its kernels, copies and sets over the wall time) and compute busy (the same without NCCL's kernels, which also
 count while they spin waiting for a peer), host gaps (wall − busy), communication (NCCL kernels) and exposed
-communication (NCCL time during which no other kernel runs), and the top kernels by total time. Writes <out>/profile.{md,json}; --trace also keeps rank 0's Chrome trace per variant.
+communication (NCCL time during which no other kernel runs), and the top kernels by total time.
+Writes <out>/profile.{md,json}; --trace also keeps rank 0's Chrome trace per variant.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from config import load_config  # noqa: E402
 from model import build_model  # noqa: E402
 from train import make_optimizer  # noqa: E402
 from utils.compile import compile_blocks  # noqa: E402
+from utils.cuda_graph import DDP_ENV, DDP_WARMUP, WARMUP, GraphedMicroBatch, ddp_capture  # noqa: E402
 
 BUSY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -87,7 +92,7 @@ def parse_variant(text: str) -> dict:
     if kind not in ("local", "ddp", "fsdp"):
         raise SystemExit(f"variant {text!r}: the kind must be local, ddp or fsdp")
     v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False, "blocks": False,
-         "reshard": True}
+         "reshard": True, "graph": False}
     for o in opts:
         key, _, val = o.partition("=")
         if key == "bucket" and kind == "ddp" and val.isdigit():
@@ -100,11 +105,15 @@ def parse_variant(text: str) -> dict:
             v["blocks"] = True
         elif key == "noreshard" and kind == "fsdp" and not val:
             v["reshard"] = False
+        elif key == "graph" and kind != "fsdp" and not val:
+            v["graph"] = True
         else:
             raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, view, static, compile, "
-                             "blocks; fsdp takes noreshard, compile; local takes compile, blocks)")
+                             "blocks, graph; fsdp takes noreshard, compile; local takes compile, blocks, graph)")
     if v["compile"] and v["blocks"]:
         raise SystemExit(f"variant {text!r}: compile (the whole model) and blocks (each block) exclude each other")
+    if v["graph"] and v["compile"]:
+        raise SystemExit(f"variant {text!r}: graph captures compiled blocks (blocks), not the whole compiled model")
     return v
 
 
@@ -127,6 +136,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit("ddp variants need several processes: run under accelerate launch --num_processes N "
                          "(or torchrun)")
     cuda = torch.cuda.is_available()
+    if any(v["graph"] for v in variants) and not cuda:
+        raise SystemExit("graph variants need a CUDA GPU")
+    if any(v["graph"] and v["kind"] == "ddp" for v in variants):
+        os.environ.update(DDP_ENV)          # before the process group starts
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -165,27 +178,37 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
         if v["compile"]:
             compile_blocks(module)
         step_fn = model = module
+        stream = None
     else:
-        model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
-            module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
-            gradient_as_bucket_view=v["view"], static_graph=v["static"])
+        with ddp_capture(v["graph"], world if v["kind"] == "ddp" else 1) as stream:
+            model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
+                module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
+                gradient_as_bucket_view=v["view"], static_graph=v["static"])
         if v["blocks"]:
             compile_blocks(module)
         step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
     opt = make_optimizer(module, cfg, fused=cuda)                      # train.py's, parameter groups and all
 
-    def step() -> None:
+    def forward_backward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cuda", torch.bfloat16) if cuda else contextlib.nullcontext():
             loss = step_fn(x, y, return_logits=False)[1]
         loss.backward()
+        return loss.detach()
+
+    capture_after = DDP_WARMUP if v["kind"] == "ddp" else WARMUP
+    graphed = GraphedMicroBatch(forward_backward, list(module.parameters()), capture_after, stream) \
+        if v["graph"] else None
+
+    def step() -> None:
+        graphed(x, y) if graphed else forward_backward(x, y)
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=graphed is None)      # a graph accumulates into fixed buffers
 
     t0 = time.time()
     step()
     first_s = time.time() - t0
-    for _ in range(args.warmup - 1):
+    for _ in range(max(args.warmup, capture_after + 1 if graphed else 0) - 1):
         step()
     sync(cuda, world)
     from torch.profiler import ProfilerActivity, profile
@@ -196,6 +219,8 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
         if cuda:
             torch.cuda.synchronize()       # this rank's steps; the barrier below stays out of its timeline
         wall_us = (time.perf_counter() - t0) * 1e6
+    if graphed:
+        graphed.release()                  # a graph holding NCCL work goes before the process group
     sync(cuda, world)
     if int(os.environ.get("RANK", "0")) != 0:
         return None
@@ -234,14 +259,16 @@ def write(results: list[dict], args, world: int, B: int, T: int) -> None:
     base = next((r for r in results if r["kind"] == "local"), None)
     lines = [f"# Step profile: {Path(args.config).stem} on {args.backend}, {world} process(es), {dev}", "",
              f"Command: `{' '.join(['python', *sys.argv])}`  ", f"torch {torch.__version__}; micro-batch {B} × "
-             f"{T} tokens per GPU, one micro-batch per step, {'bf16 autocast' if torch.cuda.is_available() else 'fp32'}, {args.steps} profiled steps after "
+             f"{T} tokens per GPU, one micro-batch per step, "
+             f"{'bf16 autocast' if torch.cuda.is_available() else 'fp32'}, {args.steps} profiled steps after "
              f"{args.warmup}.", "",
              "| variant | ms / step | tokens/s per GPU | ÷ local | GPU busy | compute busy | host gaps ms | NCCL ms | "
              "exposed NCCL ms | first step s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ratio = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.3f}" if base else ""
         lines.append(f"| {r['name']} | {r['step_ms']:.1f} | {r['tokens_per_s_per_gpu']:,.0f} | {ratio} | "
-                     f"{r['busy']:.1%} | {r['compute_busy']:.1%} | {r['gap_ms']:.1f} | {r['comm_ms']:.1f} | {r['exposed_comm_ms']:.1f} | "
+                     f"{r['busy']:.1%} | {r['compute_busy']:.1%} | {r['gap_ms']:.1f} | {r['comm_ms']:.1f} | "
+                     f"{r['exposed_comm_ms']:.1f} | "
                      f"{r['first_step_s']:.1f} |")
     for r in results:
         lines += ["", f"Top kernels, {r['name']} (ms per step, calls per step):", ""]
