@@ -14,7 +14,8 @@ ranks at once. Variants (`:`-separated options after the kind):
                (gradient_as_bucket_view), static (static_graph), compile (torch.compile of the DDP module, as
                train.py's --train.compile_scope=model: Dynamo's DDPOptimizer splits it at the buckets), blocks
                (each block compiled inside the DDP module, as train.py's default scope), graph (the forward and
-               backward captured as a CUDA graph, DDP's all-reduce with them, as train.py's --train.cuda_graphs)
+               backward captured as a CUDA graph, DDP's all-reduce with them, as train.py's --train.cuda_graphs),
+               ctas=N (NCCL's CTAs per all-reduce at most: fewer SMs taken from the kernels it overlaps)
   fsdp         FSDP2 as configs/accelerate/fsdp.yaml shards it (each Block, then the root; bf16 parameters, fp32
                gradient reduction); options: noreshard (reshard_after_forward=False: the backward reuses the
                forward's gathered parameters), compile (each block compiled, as train.py's block scope)
@@ -92,11 +93,11 @@ def parse_variant(text: str) -> dict:
     if kind not in ("local", "ddp", "fsdp"):
         raise SystemExit(f"variant {text!r}: the kind must be local, ddp or fsdp")
     v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False, "blocks": False,
-         "reshard": True, "graph": False}
+         "reshard": True, "graph": False, "ctas": 0}
     for o in opts:
         key, _, val = o.partition("=")
-        if key == "bucket" and kind == "ddp" and val.isdigit():
-            v["bucket"] = int(val)
+        if key in ("bucket", "ctas") and kind == "ddp" and val.isdigit() and int(val) > 0:
+            v[key] = int(val)
         elif key in ("view", "static") and kind == "ddp" and not val:
             v[key] = True
         elif key == "compile" and not val:
@@ -108,8 +109,9 @@ def parse_variant(text: str) -> dict:
         elif key == "graph" and kind != "fsdp" and not val:
             v["graph"] = True
         else:
-            raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, view, static, compile, "
-                             "blocks, graph; fsdp takes noreshard, compile; local takes compile, blocks, graph)")
+            raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, ctas=N, view, static, "
+                             "compile, blocks, graph; fsdp takes noreshard, compile; local takes compile, blocks, "
+                             "graph)")
     if v["compile"] and v["blocks"]:
         raise SystemExit(f"variant {text!r}: compile (the whole model) and blocks (each block) exclude each other")
     if v["graph"] and v["compile"]:
@@ -183,7 +185,7 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
         with ddp_capture(v["graph"], world if v["kind"] == "ddp" else 1) as stream:
             model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
-                gradient_as_bucket_view=v["view"], static_graph=v["static"])
+                gradient_as_bucket_view=v["view"], static_graph=v["static"], process_group=nccl_group(v["ctas"]))
         if v["blocks"]:
             compile_blocks(module)
         step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model
@@ -232,6 +234,16 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
     if not args.trace:
         path.unlink()
     return r
+
+
+def nccl_group(max_ctas: int):
+    """The default process group, or (max_ctas > 0) a new NCCL group of every rank whose collectives use at most
+    max_ctas thread blocks (NCCL's maxCTAs)."""
+    if not max_ctas:
+        return None
+    opts = torch.distributed.ProcessGroupNCCL.Options()
+    opts.config.max_ctas = max_ctas
+    return torch.distributed.new_group(backend="nccl", pg_options=opts)
 
 
 def shard(module: torch.nn.Module, device: torch.device, world: int, reshard: bool) -> None:

@@ -58,7 +58,7 @@ def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precisio
     if value == "true":
         if why:
             raise ConfigError(f"train.cuda_graphs {why}; pass --train.cuda_graphs=false")
-        return True, "train.cuda_graphs=true"
+        return True, "train.cuda_graphs=true" + (", DDP's all-reduce captured too" if world_size > 1 else "")
     if why is None and cfg.model.backend == "fla":
         why = "is not used with fla's kernels (flash-linear-attention's own autograd functions)"
     if why:
