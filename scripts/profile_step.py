@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("runs/profile"))
     p.add_argument("--trace", action="store_true", help="keep rank 0's Chrome trace of each variant")
+    p.add_argument("--top", type=int, default=12, help="kernels listed per variant, by total time")
     args = p.parse_args(argv)
     variants = [parse_variant(v) for v in args.variants.split(",") if v]
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -229,7 +230,7 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"trace-{v['name'].replace(':', '_').replace('=', '')}.json"
     prof.export_chrome_trace(str(path))
-    r = {**v, **analyse(json.loads(path.read_text()), wall_us, args.steps), "first_step_s": first_s,
+    r = {**v, **analyse(json.loads(path.read_text()), wall_us, args.steps, args.top), "first_step_s": first_s,
          "tokens_per_s_per_gpu": x.numel() * args.steps / (wall_us / 1e6)}
     if not args.trace:
         path.unlink()
