@@ -56,8 +56,8 @@ class TrainConfig:
     compile: str = "auto"              # compile the step: auto (CUDA; not fla, recurrent naive, varlen) | true | false
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager traces without generating code)
     compile_scope: str = "auto"        # auto: blocks | model: one graph | blocks: each block
-    cuda_graphs: str = "auto"          # replay each micro-batch from one CUDA graph: auto (one CUDA process; not fla,
-                                       # varlen, fp16) | true | false (utils/cuda_graph.py)
+    cuda_graphs: str = "auto"          # replay each micro-batch from one CUDA graph: auto (CUDA, one process or DDP;
+                                       # not FSDP2, fla, varlen, fp16) | true | false (utils/cuda_graph.py)
     log_with: str = "none"             # none | tensorboard (<run dir>/tensorboard/<name>/) | wandb: accelerate's
                                        # tracker, given metrics.jsonl's rows and the config (utils/trackers.py)
     activation_checkpointing: str = "none"  # none | full (recompute each block) | selective (each block's MLP)
