@@ -22,7 +22,7 @@ def test_rows_eager_and_compiled_and_the_report(tmp_path):
     assert [(r["status"], r["mode"]) for r in rows] == [("ok", "eager"), ("ok", "compiled")], rows
     assert all(r["tokens_per_s"] > 0 and r["first_step_s"] > 0 and r["flops_per_token"] > 0 for r in rows)
     md = (tmp_path / "throughput.md").read_text()
-    assert "| smoke | naive | eager | 0.4M |" in md and "| smoke | naive | compiled | 0.4M |" in md
+    assert "| smoke | naive | eager | 0.2M |" in md and "| smoke | naive | compiled | 0.2M |" in md
     assert "| — | — |" in md and "n/a" in md           # no MFU without a GPU's peaks
     assert (tmp_path / "throughput.png").stat().st_size > 0
 
@@ -32,7 +32,7 @@ def test_checkpointing_rows_are_labelled_and_bad_modes_refused(tmp_path):
                  "--seq-len", "32", "--warmup", "0", "--steps", "1", "--modes", "eager", "--checkpointing", "full",
                  "--out", str(tmp_path)])
     assert [(r["status"], r["checkpointing"]) for r in rows] == [("ok", "full")], rows
-    assert "| smoke | naive | eager, ckpt full | 0.4M |" in (tmp_path / "throughput.md").read_text()
+    assert "| smoke | naive | eager, ckpt full | 0.2M |" in (tmp_path / "throughput.md").read_text()
     with pytest.raises(SystemExit):
         main(["--configs", "configs/smoke.yaml", "--checkpointing", "some", "--out", str(tmp_path)])
 

@@ -1,5 +1,6 @@
-"""scripts/check_sm80.py: the launches a model makes are captured under the interpreter and compiled for sm80 and
-sm90 on a CPU; a launch over the A100's shared memory is reported as not fitting."""
+"""scripts/check_sm80.py: the launches a model makes are captured under the interpreter and compiled for sm80 (and
+sm90, which the GPU runs compile anyway: the script's default, left out here for CI's time) on a CPU; a launch over
+the A100's shared memory is reported as not fitting."""
 from __future__ import annotations
 
 import json
@@ -15,15 +16,14 @@ needs_cuda_backend = pytest.mark.skipif(not has_triton_cuda_backend(),
 
 @pytest.mark.slow
 @needs_cuda_backend
-def test_smoke_model_launches_compile_for_sm80_and_sm90(tmp_path):
-    rows = main(["--configs", "smoke", "--backends", "fused", "--out", str(tmp_path)])
+def test_smoke_model_launches_compile_for_the_a100(tmp_path):
+    rows = main(["--configs", "smoke", "--backends", "fused", "--sm80-only", "--out", str(tmp_path)])
     kernels = {r["kernel"] for r in rows}
     assert {"chunk_fwd_h_kernel", "gemm_res_kernel", "chunk_cumsum_kernel"} <= kernels, kernels
     for r in rows:
         assert "error" not in r, r
         assert r["users"] == ["smoke/fused"]
-        for cc in (80, 90):
-            assert 0 < r[f"sm{cc}"]["shared"] <= LIMITS[cc] and r[f"sm{cc}"]["registers"] > 0, (cc, r)
+        assert 0 < r["sm80"]["shared"] <= LIMITS[80] and r["sm80"]["registers"] > 0 and "sm90" not in r, r
     state = next(r for r in rows if r["kernel"] == "chunk_fwd_h_kernel")
     assert state["sm80"]["tiles"]["K"] == 32 and state["sm80"]["tiles"]["V"] == 64     # the smoke layer's head dims
     md = (tmp_path / "sm80-compile.md").read_text()

@@ -15,7 +15,7 @@ from ops.gla.sub_block_bwd import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from tests.helpers import rel_err
 
 # B, T, H, K, V, C
-CASES = [(2, 50, 2, 8, 6, 16), (1, 70, 1, 20, 140, 64), (1, 5, 1, 4, 4, 32), (1, 40, 1, 140, 12, 16),
+CASES = [(2, 50, 1, 8, 6, 16), (1, 70, 1, 20, 140, 64), (1, 5, 1, 4, 4, 32), (1, 40, 1, 140, 12, 16),
          (1, 150, 1, 16, 16, 128)]
 GATES = {"realistic": lambda s: -torch.rand(s) * 3 / 8, "none": lambda s: torch.zeros(s),
          "extreme": lambda s: -torch.rand(s) * 50, "mixed": lambda s: torch.where(torch.rand(s) < 0.5, -1e-4, -50.0)}
