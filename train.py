@@ -310,7 +310,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                     x, y = x.pin_memory(), y.pin_memory()
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    loss = graphed(x, y, sync) if graphed else micro_step(
+                    # one graph serves every micro-batch of one process; DDP's syncing ones launch the all-reduce too
+                    loss = graphed(x, y, sync if launched > 1 else None) if graphed else micro_step(
                         *(t.to(device, non_blocking=True) for t in (x, y)), cu)
                 loss_sum += loss / tc.grad_accum
             write_row()           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
