@@ -122,7 +122,7 @@ def test_a_packed_run_trains_on_naive_and_chunk_and_gpt2_fused_is_refused(tmp_pa
     reset_accelerate()
     # train.py takes packing on chunk (one step: the model-level equality is tests/model/test_varlen.py's)
     chunk = train.main(args + ["--backend", "chunk", "--train.name=chunk", "--train.max_steps=1",
-                               "--train.eval_interval=0"])
+                               "--train.eval_interval=0", "--model.chunk_size=16"])   # documents start chunks
     assert chunk["steps"] == 1 and np.isfinite(chunk["loss"])
     with pytest.raises(ConfigError, match="data.varlen.*GPT-2's attention.*--backend naive or fla"):
         train.main(args + ["--backend", "fused", "--model.family=gpt2", "--train.name=gpt2"])
