@@ -74,6 +74,13 @@ def assert_proj_model_equals_naive_fp32(cfg, seq_len: int) -> None:
     assert not bad and got["grads"].keys() == ref["grads"].keys(), bad
 
 
+def left_to_the_gpu(*indices: int) -> bool:
+    """Whether a case of a rotated grid runs on a GPU only: under the interpreter (no CUDA GPU) the cases whose
+    indices (profile, shape, backend, ...) sum to an odd number, so that each backend runs half the profiles on each
+    shape and the other half on the next one."""
+    return not torch.cuda.is_available() and sum(indices) % 2 == 1
+
+
 def backends_under_test(op: str) -> list[str]:
     """Every registered backend of `op` to check against its oracle: all but `naive` (the oracle) and `fla`
     (tested beside the others where it is installed), one name per distinct function (gated_delta's `fused` is

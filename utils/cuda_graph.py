@@ -55,15 +55,14 @@ def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precisio
            if cfg.data.varlen else
            "does not go with fp16 (its loss scaler reads the gradients on the host; bf16 needs no scaler)"
            if precision == "fp16" else None)
+    ddp = ", DDP's all-reduce captured too" if world_size > 1 else ""
     if value == "true":
         if why:
             raise ConfigError(f"train.cuda_graphs {why}; pass --train.cuda_graphs=false")
-        return True, "train.cuda_graphs=true" + (", DDP's all-reduce captured too" if world_size > 1 else "")
+        return True, "train.cuda_graphs=true" + ddp
     if why is None and cfg.model.backend == "fla":
         why = "is not used with fla's kernels (flash-linear-attention's own autograd functions)"
-    if why:
-        return False, f"auto: off (a graph {why})"
-    return True, "auto: on for CUDA GPUs" + (", DDP's all-reduce captured too" if world_size > 1 else "")
+    return (False, f"auto: off (a graph {why})") if why else (True, "auto: on for CUDA GPUs" + ddp)
 
 
 class GraphedMicroBatch:

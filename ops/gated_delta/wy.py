@@ -226,7 +226,7 @@ def wy_bwd_kernel(k, v, b, res, beta, Ai, h, dv_new, dk_wy, dv, dbeta, db, M, T,
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V).to(tl.float32)
         b_dbeta += tl.sum(b_v * b_dvb, 1)
     strict = (o_c[:, None] > o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)     # one value a row: read in every chunk
+    c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)     # one a row, every chunk
     b_E = tl.exp(tl.where(strict, (b_b[:, None] - b_b[None, :]) + (c_b[:, None] - c_b[None, :]), float("-inf")))
     b_dLE = -tl.dot(tl.dot(b_Tt, b_dT, input_precision=PREC), b_Tt, input_precision=PREC) * b_E
     b_KK = tl.zeros([BT, BT], dtype=tl.float32)                         # k kᵀ, after dTm is dead (registers)

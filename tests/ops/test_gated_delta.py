@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ops.gated_delta.naive import chunkwise_gated_delta, gated_delta, gated_delta_recurrent
 from ops.gated_delta.naive import make_inputs as gdn_inputs
-from tests.helpers import backends_under_test, grads_close, rel_err
+from tests.helpers import backends_under_test, grads_close, left_to_the_gpu, rel_err
 
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 2, 4)]
 # the builder's regimes (ops.gated_delta.naive.GATES, BETAS): gates in [−5, 0), [−1e-6, 0) and [−1e3, −50);
@@ -93,13 +93,13 @@ CHUNK_SHAPES = [(2, 70, 1, 8, 6), (1, 5, 1, 4, 4), (1, 1, 2, 4, 3)]
 
 def recurrence_cases() -> list:
     """Every backend × gate × beta profile × shape on a GPU. Under the interpreter (no GPU) each profile runs on
-    one backend per shape, the two alternating from shape to shape, so that every backend still meets every profile
-    and every shape."""
+    one backend per shape, the two alternating from shape to shape (left_to_the_gpu), so that every backend still
+    meets every profile and every shape."""
     cases = []
     for j, shape in enumerate(CHUNK_SHAPES):
         for i, (gate, betas) in enumerate((g, b) for b in BETAS for g in GATES):
             for k, backend in enumerate(TRITON_BACKENDS):
-                if not torch.cuda.is_available() and len(TRITON_BACKENDS) > 1 and (i + j + k) % 2:
+                if left_to_the_gpu(i, j, k):
                     continue
                 cases.append(pytest.param(backend, shape, gate, betas, id="{}-{}-B{}T{}H{}K{}V{}-{}".format(
                     betas, gate, *shape, backend)))

@@ -10,7 +10,7 @@ import torch
 from ops import get_op
 from ops.gla.naive import chunkwise_gla, gla, gla_recurrent
 from ops.gla.naive import make_inputs as gla_inputs
-from tests.helpers import backends_under_test, grads_close, rel_err
+from tests.helpers import backends_under_test, grads_close, left_to_the_gpu, rel_err
 
 # (B, T, H, K, V): T not a multiple of C, T < C, T = 1, B = H = 1, K ≠ V, K = 1
 SHAPES = [(2, 100, 3, 8, 5), (1, 7, 1, 4, 6), (1, 1, 2, 3, 3), (2, 130, 2, 16, 8), (1, 64, 1, 1, 4)]
@@ -104,10 +104,10 @@ def fp32_bound(decay: str, gk: torch.Tensor, chunk_size: int = 64) -> float:
 
 def recurrence_cases() -> list:
     """With a per-key decay: every backend × decay profile × shape on a GPU; under the interpreter (no GPU) each
-    backend runs half the profiles on each shape, the halves swapped from shape to shape and between backends, so
-    that every backend meets every profile on two shapes, one short (T = 1, 5) and one long (T = 50, 130; strong
-    decays at C = 64 are also test_decay_grad's). With a scalar decay, one profile per
-    shape. What a scalar decay adds here is GLA's way into kernels tested elsewhere at every decay: `chunk` runs the
+    backend runs half the profiles on each shape, the halves swapped from shape to shape and between backends
+    (left_to_the_gpu), so that every backend meets every profile on two shapes, one short (T = 1, 5) and one long
+    (T = 50, 130; strong decays at C = 64 are also test_decay_grad's). With a scalar decay, one profile per shape.
+    What a scalar decay adds here is GLA's way into kernels tested elsewhere at every decay: `chunk` runs the
     scalar-decay stages SSD runs (tests/ops/test_ssd.py, test_decay_grad.py), `fused` expands it to the per-key
     kernels above."""
     cases = []
@@ -117,7 +117,7 @@ def recurrence_cases() -> list:
                 for b, backend in enumerate(TRITON_BACKENDS):
                     if scalar and i != j % len(DECAYS):
                         continue
-                    if not scalar and not torch.cuda.is_available() and (i + j + b) % 2:
+                    if not scalar and left_to_the_gpu(i, j, b):
                         continue
                     cases.append(pytest.param(backend, shape, decay, scalar, id="{}-{}-B{}T{}H{}K{}V{}-{}".format(
                         "scalar" if scalar else "gk", decay, *shape, backend)))
