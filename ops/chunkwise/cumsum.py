@@ -94,19 +94,26 @@ def residual_mask(m_k, b_last, MAXR: tl.constexpr):
 
 
 @triton.jit
+def residual_tile(g, b, out, i_b, i_h, i_t, i_s, T, H: tl.constexpr, S: tl.constexpr, BT: tl.constexpr,
+                  BS: tl.constexpr):
+    """r (module docstring) for the [BT, BS] tile (S columns i_s·BS on) of chunk i_t."""
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_s = i_s * BS + tl.arange(0, BS)
+    m = (o_t[:, None] < T) & (o_s[None, :] < S)
+    ptr = row_offsets(i_b, i_h, o_t[:, None], T, H, S) + o_s[None, :]
+    b_g = tl.load(g + ptr, mask=m, other=0.0).to(tl.float32)
+    b_hi = tl.floor(b_g * 256.0 + 0.5) * 0.00390625                   # g on the 2⁻⁸ grid: its cumsum is exact
+    b_r = (tl.cumsum(b_hi, axis=0) - tl.load(b + ptr, mask=m, other=0.0)) + tl.cumsum(b_g - b_hi, axis=0)
+    tl.store(out + ptr, b_r, mask=m)
+
+
+@triton.jit
 def chunk_residual_kernel(g, b, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
                           MAXR: tl.constexpr):
     i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if S == 1 or chunk_decay(b, i_b, i_h, i_t, T, H, S, BT, BS) > MAXR:
-        o_t = i_t * BT + tl.arange(0, BT)
-        o_s = i_s * BS + tl.arange(0, BS)
-        m = (o_t[:, None] < T) & (o_s[None, :] < S)
-        ptr = row_offsets(i_b, i_h, o_t[:, None], T, H, S) + o_s[None, :]
-        b_g = tl.load(g + ptr, mask=m, other=0.0).to(tl.float32)
-        b_hi = tl.floor(b_g * 256.0 + 0.5) * 0.00390625               # g on the 2⁻⁸ grid: its cumsum is exact
-        b_r = (tl.cumsum(b_hi, axis=0) - tl.load(b + ptr, mask=m, other=0.0)) + tl.cumsum(b_g - b_hi, axis=0)
-        tl.store(out + ptr, b_r, mask=m)
+        residual_tile(g, b, out, i_b, i_h, i_t, i_s, T, H, S, BT, BS)
 
 
 def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Tensor:

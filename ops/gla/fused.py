@@ -22,7 +22,6 @@ from ops import backend_fn, varlen
 from ops.chunkwise.decay_attention import (CHUNK_SIZES as STAGE_CHUNK_SIZES, check_inputs, chunk_decay_attention,
                                            decay_grad, documents, documents_args, grads_fake, stages_plan,
                                            state_segments, states_backward, states_forward)
-from ops.chunkwise.cumsum import chunk_residual
 from ops.chunkwise.output import chunk_fwd_o
 from ops.chunkwise.state import chunk_fwd_h_from, split_segments
 from ops.gla import chunk
@@ -122,7 +121,7 @@ def gla_fused_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         h = chunk_fwd_h_from(k, v, b, h, C, chunk_size, docs=docs, h0=initial_state)
     # the forward's scan ran only where the state pass is not split, so the dh pass splits as on the stage path
     do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, C, split_state, docs)
-    dq, dk, dv, db = fused_scan_bwd(q, k, v, b, chunk_residual(g, b, C), h, do, dh, scale, C, max_range)
+    dq, dk, dv, db = fused_scan_bwd(q, k, v, b, g, h, do, dh, scale, C, max_range)
     return dq, dk, dv, decay_grad(db, C, g_dtype), absent(dv) if dh0 is None else dh0
 
 

@@ -134,12 +134,13 @@ def fused_scan_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr,
         tl.store(dv + p_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
 
-def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, res: torch.Tensor,
+def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, g: torch.Tensor,
                    h: torch.Tensor, do: torch.Tensor, dh: torch.Tensor, scale: float, chunk_size: int,
                    max_range: float = MAX_RANGE, **launch) -> tuple[torch.Tensor, ...]:
     """q, k: [B, T, H, K]; v, do: [B, T, H, V]; b: [B, T, H, K] fp32 and h [B, NT, H, K, V] as
-    fused_scan_fwd saves them; res: b's residual (ops/chunkwise/cumsum.chunk_residual), read by the sub-block
-    kernels only (in a factorised chunk |b| ≤ max_range, where b's rounding stays near 1e-7 relative);
+    fused_scan_fwd saves them; g: the log-decays b was summed from, whose residual (ops/chunkwise/cumsum.py) the
+    sub-block dv kernel forms for the sub-block dq, dk kernel, the only reader (in a factorised chunk
+    |b| ≤ max_range, where b's rounding stays near 1e-7 relative);
     dh [B, NT, H, K, V] the gradient leaving each chunk (ops/chunkwise/state.py's chunk_bwd_dh). Returns dq, dk, dv
     (input dtypes) and db [B, T, H, K] fp32, the gradient of b (the caller reverse-cumsums it into dg). launch may
     override BK, BV (the dq/dk kernel's), num_warps, num_stages (sweeps; both kernels)."""
@@ -149,19 +150,24 @@ def fused_scan_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.T
     # on the H100 (Triton 3.6's 64-row Hopper miscompile); the defaults never run into it.
     BK = launch.pop("BK", bwd_key_tile(K))
     BV = launch.pop("BV", min(64, max(16, next_power_of_2(V))))
-    launch = dict(num_warps=4, num_stages=2) | launch
     with_dv = BK >= K
+    # the dq, dk kernel on 8 warps where it also forms dv (K in one tile): it holds dA, dAᵀ, the state terms and
+    # Aᵀ at once and spills at 4 (H100, B16 T2048 H12 K = V = 64: 0.94 of its time); at K = 128 (32-wide key
+    # tiles, dv apart) 8 warps take 1.65× as long
+    dqk_launch = dict(num_warps=8 if with_dv else 4, num_stages=2) | launch
+    dv_launch = dict(num_warps=4, num_stages=2) | launch
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     db = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     args = (float(max_range), dot_precision(v), v.dtype != torch.float32)
     fused_scan_bwd_dqk_kernel[(cdiv(K, BK), NT, B * H)](q, k, v, b, h, do, dh, dq, dk, dv, db, scale, T, NT,
                                                                H, K, V, chunk_size, BK, BV, args[0], with_dv,
-                                                               *args[1:], **launch)
+                                                               *args[1:], **dqk_launch)
     if not with_dv:
         fused_scan_bwd_dv_kernel[(cdiv(V, BV), NT, B * H)](q, k, b, do, dh, dv, scale, T, NT, H, K, V,
-                                                                  chunk_size, BK, BV, *args, **launch)
+                                                                  chunk_size, BK, BV, *args, **dv_launch)
     # the chunks skipped above (decay beyond max_range), by the sub-block kernels; every other
     # program of theirs returns at once
-    fused_chunk_bwd_dv(q, k, b, do, dh, scale, chunk_size, min_range=max_range, out=dv)
+    res = torch.empty_like(b)
+    fused_chunk_bwd_dv(q, k, b, do, dh, scale, chunk_size, min_range=max_range, out=dv, g=g, res=res)
     fused_chunk_bwd_dqk(q, k, v, b, res, h, do, dh, scale, chunk_size, min_range=max_range, out=(dq, dk, db))
     return dq, dk, dv, db

@@ -21,21 +21,29 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_mask
+from ops.chunkwise.cumsum import RESIDUAL_FROM, chunk_decay, residual_mask, residual_tile
 from ops.chunkwise.intra import diag_scores
 from ops.chunkwise.output import state_grads
 from ops.triton_utils import cdiv, dot_precision, load_rows, load_rows_t, row_offsets, store_rows, tile
 
 
 @triton.jit
-def fused_chunk_bwd_dv_kernel(q, k, b, do, dh, dv, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
+def fused_chunk_bwd_dv_kernel(q, k, b, g, do, dh, dv, res, scale, T, NT, H: tl.constexpr, K: tl.constexpr,
                               V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                              BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr):
+                              BV: tl.constexpr, PREC: tl.constexpr, MINR: tl.constexpr, MAXR: tl.constexpr,
+                              RES: tl.constexpr):
     """dv_j = Σ_{i ≥ j} A_ij do_i + (k_j ⊙ exp(b_L − b_j)) dh_{n+1}, one key block J at a time: the
-    rows of J are exactly the rows of dv it finishes, so it stores them directly."""
+    rows of J are exactly the rows of dv it finishes, so it stores them directly. RES: the first V tile's program
+    also writes b's residual from g (cumsum.residual_tile) where the chunk's decay exceeds MAXR, as
+    cumsum.chunk_residual would, for the dq, dk kernel launched after it."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
-    if chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK) > MINR:   # every chunk at MINR < 0
+    decay = chunk_decay(b, i_b, i_h, i_t, T, H, K, BT, BK)
+    if RES:
+        if (i_v == 0) & (decay > MAXR):
+            for i_k in range(tl.cdiv(K, BK)):
+                residual_tile(g, b, res, i_b, i_h, i_t, i_k, T, H, K, BT, BK)
+    if decay > MINR:   # every chunk at MINR < 0
         o_c = tl.arange(0, BT)
         o_t = i_t * BT + o_c
         m_t = o_t < T
@@ -183,10 +191,14 @@ def fused_chunk_bwd_dqk_kernel(q, k, v, b, res, h, do, dh, dq, dk, db, scale, T,
 
 
 def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk: int = 16, min_range: float = -1.0,
-                       out: torch.Tensor | None = None, **launch) -> torch.Tensor:
+                       out: torch.Tensor | None = None, g: torch.Tensor | None = None, res: torch.Tensor | None = None,
+                       **launch) -> torch.Tensor:
     """dv [B, T, H, V] in do's dtype; dh [B, NT, H, K, V]: the gradient leaving each chunk
     (state.chunk_bwd_dh). Equal to output.chunk_bwd_dv(k, b, chunk_intra_fwd(q, k, b), do, dh).
     min_range ≥ 0: only the chunks whose decay −b_L exceeds it, written into `out` (scan_bwd.py).
+    g, res: the log-decays b was summed from, and a [B, T, H, K] fp32 tensor that receives b's residual as
+    cumsum.chunk_residual(g, b, chunk_size) forms it (every chunk whose decay exceeds RESIDUAL_FROM, whatever
+    min_range), saving that launch.
     Tiles: the chunk stages' (≤ 64; movement.fused_bwd_plan counts what larger ones would save);
     launch may override BK, BV, num_warps, num_stages."""
     B, T, H, K = q.shape
@@ -194,8 +206,11 @@ def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk
     BC, BK, BV = min(sub_chunk, chunk_size), launch.pop("BK", tile(K)), launch.pop("BV", tile(V))
     dv = torch.empty_like(do) if out is None else out
     grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
-    fused_chunk_bwd_dv_kernel[grid](q, k, b, do, dh, dv, scale, T, dh.shape[1], H, K, V, chunk_size, BC, BK, BV,
-                                    dot_precision(do), float(min_range), **launch)
+    if (g is None) != (res is None):
+        raise ValueError("fused_chunk_bwd_dv: pass g and res together (res receives b's residual formed from g)")
+    fused_chunk_bwd_dv_kernel[grid](q, k, b, b if g is None else g.contiguous(), do, dh, dv, b if res is None else res, scale, T,
+                                    dh.shape[1], H, K, V, chunk_size, BC, BK, BV, dot_precision(do), float(min_range),
+                                    RESIDUAL_FROM, res is not None, **launch)
     return dv
 
 

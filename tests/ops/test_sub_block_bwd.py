@@ -10,7 +10,7 @@ import torch
 
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h
 from ops.chunkwise import intra, output
-from ops.chunkwise.cumsum import chunk_cumsum
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_residual
 from ops.gla.sub_block_bwd import fused_chunk_bwd_dqk, fused_chunk_bwd_dv
 from tests.helpers import rel_err
 
@@ -90,3 +90,24 @@ def test_min_range_leaves_the_tame_chunks_alone(device):
     assert all((x == 7.0).all() for x in (dv, dq, dk, db))
     fused_chunk_bwd_dv(q, k, b, do, dh, scale, C, min_range=0.0, out=dv)       # every chunk decays a little
     assert rel_err(dv, dv_pair(q, k, v, b, h, do, dh, scale, C)[1]) < 1e-5
+
+
+def test_dv_kernel_writes_the_residual_where_a_chunk_needs_it(device):
+    """Given g and res, the dv kernel writes b's residual as chunk_residual forms it in every chunk whose decay
+    exceeds RESIDUAL_FROM, whatever min_range, and leaves the weaker chunks alone."""
+    B, T, H, K, V, C = 1, 80, 2, 20, 6, 16
+    q, k, v, _, h, do, dh, scale, _ = make((B, T, H, K, V, C), "realistic", torch.float32, device)
+    # chunks 0 and 2 decay by about 50 per step, chunks 1 and 4 hardly, chunk 3 by 2 per step (32 a chunk)
+    per_chunk = torch.tensor([-50.3, -1e-3, -49.7, -2.0, -1e-4], device=device)
+    g = per_chunk.repeat_interleave(C)[None, :, None, None] * (1 + 0.1 * torch.rand(B, T, H, K, device=device))
+    b = chunk_cumsum(g, C)
+    want = chunk_residual(g, b, C)
+    strong = (torch.arange(T, device=device) // C).remainder(2) == 0
+    strong[3 * C:] = False
+    for min_range in (-1.0, 64.0, 500.0):
+        res = torch.full_like(b, 7.0)
+        fused_chunk_bwd_dv(q, k, b, do, dh, scale, C, min_range=min_range, out=torch.empty_like(v), g=g, res=res)
+        assert (res[:, strong] - want[:, strong]).abs().max() < 1e-6, min_range      # r itself is ~ulp(|b|) ~ 1e-4
+        assert (res[:, ~strong] == 7.0).all(), min_range
+    with pytest.raises(ValueError, match="g and res"):
+        fused_chunk_bwd_dv(q, k, b, do, dh, scale, C, g=g)

@@ -131,9 +131,9 @@ KERNELS["ops.chunkwise.intra.chunk_intra_bwd_kernel#gk-redo"] = (
     *_INTRA[:3], {**_INTRA[3], "SCALAR": False, "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
     {**{n: BF16 for n in ("q", "k", "v", "h", "dh", "do", "dq", "dk")},
-     **{n: F32 for n in ("b", "res", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
+     **{n: F32 for n in ("b", "res", "dA", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
     {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "SCALAR": False, "PREC": "tf32", "MAXR": 64.0,
-     "EXACT": True, "REDO": True})
+     "EXACT": True, "REDO": True, "DIAG_FROM_DA": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
 
