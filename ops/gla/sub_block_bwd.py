@@ -208,9 +208,10 @@ def fused_chunk_bwd_dv(q, k, b, do, dh, scale: float, chunk_size: int, sub_chunk
     grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     if (g is None) != (res is None):
         raise ValueError("fused_chunk_bwd_dv: pass g and res together (res receives b's residual formed from g)")
-    fused_chunk_bwd_dv_kernel[grid](q, k, b, b if g is None else g.contiguous(), do, dh, dv, b if res is None else res, scale, T,
-                                    dh.shape[1], H, K, V, chunk_size, BC, BK, BV, dot_precision(do), float(min_range),
-                                    RESIDUAL_FROM, res is not None, **launch)
+    g, res_out = (b, b) if res is None else (g.contiguous(), res)        # b stands in where RES is off
+    fused_chunk_bwd_dv_kernel[grid](q, k, b, g, do, dh, dv, res_out, scale, T, dh.shape[1], H, K, V, chunk_size, BC,
+                                    BK, BV, dot_precision(do), float(min_range), RESIDUAL_FROM, res is not None,
+                                    **launch)
     return dv
 
 
