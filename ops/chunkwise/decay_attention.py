@@ -76,7 +76,7 @@ def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
     res = chunk_residual(g, b, chunk_size)
     dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, chunk_size)
-    dq, dk, db = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale, chunk_size, dA=dA)
+    dq, dk, db = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale, chunk_size)
     return (sum_groups(dq, G), sum_groups(dk, G), dv, decay_grad(db, chunk_size, g_dtype),
             absent(dv) if dh0 is None else dh0)
 

@@ -17,8 +17,7 @@ A diagonal pair (s = t, the dA_tt term) has b_t − b_t = 0 and enters q ⊙ dq 
 decay it is all either holds (the pairs s < t carry exp(b_t − b_s) ≤ e^g per step), so a db formed from the
 full dq and dk would be two near-equal numbers subtracted, fp32's rounding of them left where the true db is
 e^−50 smaller. It is therefore never in the dq', dk' db is formed from, and is added only to the dq, dk
-returned. dA_tt is read off dA's diagonal where the caller passes dA, else formed here from the do and v
-rows the state terms load anyway. The last row's key and the state leaving the chunk are such a pair too
+returned. dA_tt is read off the diagonal of dA (chunk_bwd_dA keeps it). The last row's key and the state leaving the chunk are such a pair too
 (exp(b_L − b_L) = 1; undecayed where dh_{n+1} is the final state's gradient), entering the tail and −k_L ⊙ dk_L
 equally: it is left out of both.
 Every pair left in db carries at least one step of decay.
@@ -162,10 +161,9 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
 def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr, DIAG_FROM_DA: tl.constexpr):
+                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr):
     """EXACT: exp(b_L − b) adds r_L − r (res: b's residual, ops/chunkwise/cumsum.py); REDO: returns at once from
-    the chunks whose decay is at most MAXR (cumsum.residual_launches). DIAG_FROM_DA: dA_tt is read from the
-    diagonal of dA (chunk_bwd_dA's do vᵀ) instead of summed from the do and v rows here."""
+    the chunks whose decay is at most MAXR (cumsum.residual_launches)."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if REDO:
@@ -178,9 +176,8 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
     m_tk = m_t[:, None] & m_k[None, :]
     last = tl.minimum(i_t * BT + BT, T) - 1
     b_dq, b_dk, b_hdh, b_dAd = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV,
-                                           PREC, not DIAG_FROM_DA)
-    if DIAG_FROM_DA:
-        b_dAd = tl.load(dA + row_offsets(i_b, i_h, o_t, T, H, BT) + (o_t - i_t * BT), mask=m_t, other=0.0)
+                                           PREC, False)
+    b_dAd = tl.load(dA + row_offsets(i_b, i_h, o_t, T, H, BT) + (o_t - i_t * BT), mask=m_t, other=0.0)   # dA_tt
     b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
     if SCALAR:
@@ -273,11 +270,10 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
     return dv
 
 
-def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale: float, chunk_size: int,
-                   num_warps: int = 4, num_stages: int | None = None, dA: torch.Tensor | None = None):
-    """dq_intra, dk_intra: chunk_intra_bwd's, without the diagonal pairs, which this kernel adds (module docstring).
-    res: b's residual (cumsum.chunk_residual). dA: chunk_bwd_dA(do, v), whose diagonal is then read rather than
-    formed again.
+def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale: float, chunk_size: int,
+                   num_warps: int = 4, num_stages: int | None = None):
+    """dq_intra, dk_intra: chunk_intra_bwd's, without the diagonal pairs, which this kernel adds (module docstring)
+    from the diagonal of dA = chunk_bwd_dA(do, v). res: b's residual (cumsum.chunk_residual).
     Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
     num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined, the scalar-decay
     kernel races on the H100 at K = V = 128 with two V tiles (about one call in 600 gives different dk and db bits
@@ -294,9 +290,9 @@ def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale: float,
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, cdiv(T, chunk_size), B * H)
     for exact, redo in residual_launches(scalar):
-        chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, do if dA is None else dA, dq_intra, dk_intra, dq, dk,
-                                    db, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV, scalar, dot_precision(do),
-                                    RESIDUAL_FROM, exact, redo, dA is not None, num_warps=num_warps,
+        chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq, dk, db, scale, T,
+                                    h.shape[1], H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM,
+                                    exact, redo, num_warps=num_warps,
                                     **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (db.sum(0) if scalar else db)
 

@@ -107,7 +107,7 @@ def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, C)
     dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, res, A, do, dht, need_dh0, scale, C, state_dtype=h.dtype,
                                   docs=documents(reset, n_docs))
-    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, res, h, dh, do, dq_intra, dk_intra, scale, C, dA=dA)
+    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, res, h, dh, do, dA, dq_intra, dk_intra, scale, C)
     dk, dv, dbeta, db_wy = wy_bwd(k, v, b, res, beta, Ai, h, dv_new, dk_o, C)
     dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
     return dq, dk, dv, dg.to(g_dtype), dbeta.to(beta.dtype), (dh0 if need_dh0 else absent(q))

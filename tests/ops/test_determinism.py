@@ -127,8 +127,9 @@ STRESS_SHAPES = {"gdn_125m": (4, 2048, 6, 128, 128, True), "gla_340m": (4, 2048,
 
 def dqkb_inputs(B: int, T: int, H: int, K: int, V: int, scalar: bool, C: int = 64, seed: int = 0,
                 device: str = DEVICE, dtype: torch.dtype = torch.bfloat16) -> tuple:
-    """chunk_bwd_dqkb's arguments: random q, k, v, do, states h, dh [B, NT, H, K, V], fp32 intra parts and a
-    chunk-local cumulative log-decay b ([B, T, H, 1] when scalar, else [B, T, H, K]; its residual taken as 0)."""
+    """chunk_bwd_dqkb's arguments: random q, k, v, do, states h, dh [B, NT, H, K, V], fp32 intra parts, a dA
+    [B, T, H, C] and a chunk-local cumulative log-decay b ([B, T, H, 1] when scalar, else [B, T, H, K]; its residual
+    taken as 0)."""
     from ops.chunkwise.cumsum import chunk_cumsum
 
     g = torch.Generator(device=device).manual_seed(seed)
@@ -138,8 +139,8 @@ def dqkb_inputs(B: int, T: int, H: int, K: int, V: int, scalar: bool, C: int = 6
         return torch.randn(*s, generator=g, device=device).to(dt)
     b = chunk_cumsum(F.logsigmoid(r(B, T, H, 1 if scalar else K, dt=torch.float32)) / 8, C)
     return (r(B, T, H, K), F.normalize(r(B, T, H, K, dt=torch.float32), dim=-1).to(dtype), r(B, T, H, V), b,
-            torch.zeros_like(b), r(B, NT, H, K, V), r(B, NT, H, K, V), r(B, T, H, V), r(B, T, H, K, dt=torch.float32),
-            r(B, T, H, K, dt=torch.float32), K ** -0.5, C)
+            torch.zeros_like(b), r(B, NT, H, K, V), r(B, NT, H, K, V), r(B, T, H, V), r(B, T, H, C, dt=torch.float32),
+            r(B, T, H, K, dt=torch.float32), r(B, T, H, K, dt=torch.float32), K ** -0.5, C)
 
 
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:

@@ -48,7 +48,7 @@ def dqk_pair(q, k, v, b, h, do, dh, scale, C):
     res = torch.zeros_like(b)                           # b taken as exact: its residual is 0
     dq_intra, dk_intra = stage("chunk_intra_bwd", C)(q, k, b, res, dA, scale, C)
     return (fused_chunk_bwd_dqk(q, k, v, b, res, h, do, dh, scale, C),
-            stage("chunk_bwd_dqkb", C)(q, k, v, b, res, h, dh, do, dq_intra, dk_intra, scale, C))
+            stage("chunk_bwd_dqkb", C)(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale, C))
 
 
 # The kernels have no branch on the decay's value (min_range < 0 takes every chunk), so the gates only change the

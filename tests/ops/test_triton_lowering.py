@@ -133,7 +133,7 @@ KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
     {**{n: BF16 for n in ("q", "k", "v", "h", "dh", "do", "dq", "dk")},
      **{n: F32 for n in ("b", "res", "dA", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
     {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "SCALAR": False, "PREC": "tf32", "MAXR": 64.0,
-     "EXACT": True, "REDO": True, "DIAG_FROM_DA": True})
+     "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
 
