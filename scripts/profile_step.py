@@ -15,7 +15,8 @@ ranks at once. Variants (`:`-separated options after the kind):
                train.py's --train.compile_scope=model: Dynamo's DDPOptimizer splits it at the buckets), blocks
                (each block compiled inside the DDP module, as train.py's default scope), graph (the forward and
                backward captured as a CUDA graph, DDP's all-reduce with them, as train.py's --train.cuda_graphs),
-               ctas=N (NCCL's CTAs per all-reduce at most: fewer SMs taken from the kernels it overlaps)
+               ctas=N (NCCL's CTAs per all-reduce at most: fewer SMs taken from the kernels it overlaps), bf16
+               (the all-reduce in bf16 through torch's bf16_compress_hook, as --train.grad_reduce=bf16)
   fsdp         FSDP2 as configs/accelerate/fsdp.yaml shards it (each Block, then the root; bf16 parameters, fp32
                gradient reduction); options: noreshard (reshard_after_forward=False: the backward reuses the
                forward's gathered parameters), compile (each block compiled, as train.py's block scope)
@@ -40,6 +41,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -93,12 +95,12 @@ def parse_variant(text: str) -> dict:
     if kind not in ("local", "ddp", "fsdp"):
         raise SystemExit(f"variant {text!r}: the kind must be local, ddp or fsdp")
     v = {"name": text, "kind": kind, "bucket": 25, "view": False, "static": False, "compile": False, "blocks": False,
-         "reshard": True, "graph": False, "ctas": 0}
+         "reshard": True, "graph": False, "ctas": 0, "bf16": False}
     for o in opts:
         key, _, val = o.partition("=")
         if key in ("bucket", "ctas") and kind == "ddp" and val.isdigit() and int(val) > 0:
             v[key] = int(val)
-        elif key in ("view", "static") and kind == "ddp" and not val:
+        elif key in ("view", "static", "bf16") and kind == "ddp" and not val:
             v[key] = True
         elif key == "compile" and not val:
             v["compile"] = True
@@ -110,7 +112,7 @@ def parse_variant(text: str) -> dict:
             v["graph"] = True
         else:
             raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, ctas=N, view, static, "
-                             "compile, blocks, graph; fsdp takes noreshard, compile; local takes compile, blocks, "
+                             "bf16, compile, blocks, graph; fsdp takes noreshard, compile; local takes compile, blocks, "
                              "graph)")
     if v["compile"] and v["blocks"]:
         raise SystemExit(f"variant {text!r}: compile (the whole model) and blocks (each block) exclude each other")
@@ -187,6 +189,8 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
             model = module if v["kind"] == "local" else torch.nn.parallel.DistributedDataParallel(
                 module, device_ids=[local] if cuda else None, bucket_cap_mb=v["bucket"],
                 gradient_as_bucket_view=v["view"], static_graph=v["static"], process_group=nccl_group(v["ctas"]))
+            if v["bf16"]:
+                model.register_comm_hook(None, default_hooks.bf16_compress_hook)
         if v["blocks"]:
             compile_blocks(module)
         step_fn = torch.compile(model, fullgraph=v["kind"] == "local", dynamic=False) if v["compile"] else model

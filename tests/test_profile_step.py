@@ -33,17 +33,19 @@ def test_the_exposed_all_reduce_is_the_part_no_kernel_hides():
                                           ("local:view", "unknown option"), ("ddp:noreshard", "unknown option"),
                                           ("fsdp:blocks", "unknown option"), ("ddp:compile:blocks", "exclude"),
                                           ("fsdp:graph", "unknown option"), ("ddp:compile:graph", "whole compiled"),
-                                          ("ddp:ctas=0", "unknown option"), ("local:ctas=4", "unknown option")])
+                                          ("ddp:ctas=0", "unknown option"), ("local:ctas=4", "unknown option"),
+                                          ("local:bf16", "unknown option")])
 def test_bad_variants(text, message):
     with pytest.raises(SystemExit, match=message):
         parse_variant(text)
     assert parse_variant("ddp:bucket=100:view:static:compile") == {
         "name": "ddp:bucket=100:view:static:compile", "kind": "ddp", "bucket": 100, "view": True, "static": True,
-        "compile": True, "blocks": False, "reshard": True, "graph": False, "ctas": 0}
+        "compile": True, "blocks": False, "reshard": True, "graph": False, "ctas": 0, "bf16": False}
     assert parse_variant("fsdp:noreshard:compile")["reshard"] is False
     assert parse_variant("local:blocks")["blocks"] is True
     assert parse_variant("ddp:blocks:graph")["graph"] is True
     assert parse_variant("ddp:graph:ctas=8")["ctas"] == 8
+    assert parse_variant("ddp:blocks:graph:bf16")["bf16"] is True
 
 
 def test_graph_variants_need_a_gpu(tmp_path, monkeypatch):
