@@ -58,8 +58,6 @@ class TrainConfig:
     compile_scope: str = "auto"        # auto: blocks | model: one graph | blocks: each block
     cuda_graphs: str = "auto"          # replay each micro-batch from one CUDA graph: auto (CUDA, one process or DDP;
                                        # not FSDP2, fla, varlen, fp16) | true | false (utils/cuda_graph.py)
-    grad_reduce: str = "fp32"          # the dtype DDP all-reduces gradients in: fp32 | bf16 (half the bytes, each
-                                       # rank's gradient rounded to bf16; NCCL only; utils/precision.py)
     log_with: str = "none"             # none | tensorboard (<run dir>/tensorboard/<name>/) | wandb: accelerate's
                                        # tracker, given metrics.jsonl's rows and the config (utils/trackers.py)
     activation_checkpointing: str = "none"  # none | full (recompute each block) | selective (each block's MLP)

@@ -4,7 +4,6 @@ backend, and a graphed train.py run equal to the plain one."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import shutil
 
 import pytest
@@ -139,11 +138,9 @@ def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing)
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP's captured all-reduce needs two CUDA GPUs")
 def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path):
-    """accelerate launch on two GPUs (DDP), accumulation 2, with and without graphs, all-reducing in fp32 and in bf16:
-    the same losses step for step with and without graphs (bf16 autocast; DDP's all-reduce, or the bf16 hook's cast,
-    reduce and copy back, inside the graph of the micro-batch that syncs, none in the no_sync one's), and
-    micro-batches replayed after DDP_WARMUP of each kind. The bf16 all-reduce is live: its losses leave fp32's
-    after the first update, by little."""
+    """accelerate launch on two GPUs (DDP), accumulation 2, with and without graphs: the same losses step for step
+    (bf16 autocast; DDP's all-reduce inside the graph of the micro-batch that syncs, none in the no_sync one's), and
+    micro-batches replayed after DDP_WARMUP of each kind."""
     import subprocess
     import sys
 
@@ -153,25 +150,18 @@ def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path):
     steps = DDP_WARMUP + 4
     common = tiny(tmp_path, "x", "--backend", "fused", "--train.grad_accum=2", f"--train.max_steps={steps}",
                   "--train.eval_interval=0", "--train.ckpt_interval=0")
-    out, runs = {}, {}
-    for reduce, graphs_setting in itertools.product(("fp32", "bf16"), ("false", "true")):
-        name = f"{reduce}-{graphs_setting}"
-        argv = [a for a in common if not a.startswith("--train.name=")] + [
-            f"--train.name={name}", f"--train.cuda_graphs={graphs_setting}", f"--train.grad_reduce={reduce}"]
+    out = {}
+    for graphs_setting in ("false", "true"):
+        argv = [a for a in common if not a.startswith("--train.name=")] + [f"--train.name={graphs_setting}",
+                                                                             f"--train.cuda_graphs={graphs_setting}"]
         p = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                             "configs/accelerate/ddp.yaml", "--num_processes", "2", "--main_process_port",
                             str(free_port()), "train.py", *argv], capture_output=True, text=True, timeout=600, cwd=REPO)
         assert p.returncode == 0, p.stderr[-3000:]
-        out[name], runs[name] = p.stdout, losses(tmp_path / "runs" / name)[0]
-        assert f"DDP's all-reduce, {reduce}" in p.stdout
-    for reduce in ("fp32", "bf16"):
-        assert "DDP's all-reduce captured too" in out[f"{reduce}-true"]
-        assert f"CUDA graphs: {2 * (steps - DDP_WARMUP)} micro-batches replayed" in out[f"{reduce}-true"]
-        plain, graphed = runs[f"{reduce}-false"], runs[f"{reduce}-true"]
-        assert plain.keys() == graphed.keys() == set(range(1, steps + 1))
-        bad = {s: (plain[s], graphed[s]) for s in plain if not abs(plain[s] - graphed[s]) <= 1e-4 * abs(plain[s])}
-        assert not bad, (reduce, bad)
-    fp32, bf16 = runs["fp32-true"], runs["bf16-true"]
-    assert fp32[1] == bf16[1]                                   # before any update
-    gaps = [abs(fp32[s] - bf16[s]) / fp32[s] for s in range(2, steps + 1)]
-    assert max(gaps) > 0 and max(gaps) < 1e-2, gaps
+        out[graphs_setting] = p.stdout
+    assert "DDP's all-reduce captured too" in out["true"]
+    assert f"CUDA graphs: {2 * (steps - DDP_WARMUP)} micro-batches replayed" in out["true"]
+    plain, graphed = (losses(tmp_path / "runs" / n)[0] for n in ("false", "true"))
+    assert plain.keys() == graphed.keys() == set(range(1, steps + 1))
+    bad = {s: (plain[s], graphed[s]) for s in plain if not abs(plain[s] - graphed[s]) <= 1e-4 * abs(plain[s])}
+    assert not bad, bad

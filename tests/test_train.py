@@ -21,7 +21,7 @@ from tests.helpers import reset_accelerate
 from utils.checkpoint import (STATE_FILE, CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint,
                               supersede_after)
 from utils.errors import UserError
-from utils.precision import ddp_kwargs, fsdp_plugin
+from utils.precision import fsdp_plugin
 from utils.runinfo import JsonlWriter
 
 
@@ -288,26 +288,6 @@ def test_fsdp2_policy_reduces_in_fp32_and_leaves_outputs(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
     monkeypatch.setenv("FSDP_VERSION", "2")
     assert fsdp_plugin("bf16") is None
-
-
-def test_grad_reduce_bf16_registers_the_hook_under_ddp_and_refuses_elsewhere(monkeypatch):
-    """train.grad_reduce: fp32 adds nothing; bf16 is accelerate's BF16 communication hook under a DDP launch on GPUs,
-    nothing on one process, and a clear error under FSDP, on CPUs (gloo) and for an unknown value."""
-    from accelerate.utils import DDPCommunicationHookType
-
-    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    assert ddp_kwargs("fp32", 4, True) == (None, "gradient reduction: DDP's all-reduce, fp32")
-    assert ddp_kwargs("bf16", 1, True)[0] is None
-    handler, why = ddp_kwargs("bf16", 4, True)
-    assert handler.comm_hook == DDPCommunicationHookType.BF16 and "bf16" in why
-    with pytest.raises(ConfigError, match="needs NCCL"):
-        ddp_kwargs("bf16", 2, False)
-    with pytest.raises(ConfigError, match="fp32 or bf16"):
-        ddp_kwargs("fp16", 2, True)
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    assert "FSDP" in ddp_kwargs("fp32", 4, True)[1]
-    with pytest.raises(ConfigError, match="applies to DDP"):
-        ddp_kwargs("bf16", 4, True)
 
 
 def test_missing_backend_is_a_clear_error(tmp_path):

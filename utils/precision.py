@@ -1,12 +1,10 @@
-"""The training precision (`--train.precision`), under FSDP2 the mixed-precision policy that goes with it, and under
-DDP the dtype gradients are all-reduced in (`--train.grad_reduce`)."""
+"""The training precision (`--train.precision`) and, under FSDP2, the mixed-precision policy that goes with it."""
 from __future__ import annotations
 
 import os
 
 import torch
-from accelerate import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
-from accelerate.utils import DDPCommunicationHookType
+from accelerate import FullyShardedDataParallelPlugin
 
 from config import ConfigError
 
@@ -39,29 +37,3 @@ def fsdp_plugin(precision: str) -> FullyShardedDataParallelPlugin | None:
 
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     return FullyShardedDataParallelPlugin(mixed_precision_policy=policy)
-
-
-def ddp_kwargs(grad_reduce: str, world_size: int, cuda: bool) -> tuple[DistributedDataParallelKwargs | None, str]:
-    """(accelerate's DDP kwargs handler or None, the run log's line) for train.grad_reduce, checked before any work.
-
-    fp32: DDP's own all-reduce of the fp32 gradients. bf16: torch's bf16_compress_hook, half the bytes: each rank's
-    gradient bucket is rounded to bf16 (8 significant bits) and divided by the world size, summed in bf16 by NCCL,
-    and written back into the fp32 bucket; the optimizer still steps in fp32. It changes the numbers (a relative
-    error of about 2^-8 per element of the averaged gradient), so a run that uses it is proved against one GPU by
-    the scaling study's loss gap, not assumed equal. NCCL only (gloo has no bf16 hook); FSDP launches reduce-scatter
-    in the policy's fp32 (fsdp_plugin)."""
-    if grad_reduce not in ("fp32", "bf16"):
-        raise ConfigError(f"train.grad_reduce must be fp32 or bf16, got {grad_reduce!r}")
-    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-    if world_size == 1:
-        return None, "gradient all-reduce: none (one process)"
-    if grad_reduce == "fp32":
-        return None, "gradient reduction: " + ("FSDP's reduce-scatter, fp32" if fsdp else "DDP's all-reduce, fp32")
-    if fsdp:
-        raise ConfigError("train.grad_reduce=bf16 applies to DDP launches; FSDP reduce-scatters in fp32. Launch "
-                          "with configs/accelerate/ddp.yaml, or leave train.grad_reduce=fp32")
-    if not cuda:
-        raise ConfigError("train.grad_reduce=bf16 needs NCCL (CUDA GPUs): gloo on CPUs has no bf16 all-reduce hook; "
-                          "use train.grad_reduce=fp32 here")
-    kwargs = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.BF16)
-    return kwargs, "gradient reduction: DDP's all-reduce, bf16 (torch's bf16_compress_hook: half the bytes)"
