@@ -46,12 +46,13 @@ if str(ROOT) not in sys.path:
 LIMITS = {80: 166_912, 90: 232_448}      # opt-in shared memory per block: A100 (163 KB), H100 (227 KB)
 CONFIGS = ["gla_125m", "gla_340m", "gdn_125m", "gdn_340m", "mamba2_130m", "mamba2_370m", "gpt2_ramla_124m"]
 TRAIN_B, TRAIN_T = 8, 2048
+CAPTURE_VOCAB = 1024
 
 
 def capture(config: str, backend: str, only: set[str] | None = None) -> list[dict]:
     """Run in a TRITON_INTERPRET=1 process: every distinct kernel launch of one training step of `config`. With
-    `only`, the launches of those kernels alone, and only they are interpreted: every other kernel returns at once,
-    its outputs left unwritten (the tiles and launch options depend on shapes and dtypes, never on values)."""
+    `only`, the launches of those kernels alone, and no kernel is interpreted: each returns at once, its outputs
+    left unwritten (the tiles and launch options depend on shapes and dtypes, never on values)."""
     import dataclasses
 
     import torch
@@ -76,16 +77,19 @@ def capture(config: str, backend: str, only: set[str] | None = None) -> list[dic
     run = interpreter.InterpretedFunction.run
 
     def record(self, *args, grid, warmup, **kwargs):
-        if only is not None and self.fn.__name__ not in only:
-            return None
-        values = {**dict(zip(self.arg_names, args)), **kwargs}
-        spec = {name: arg_spec(v) for name, v in values.items()}
-        key = json.dumps([self.fn.__module__, self.fn.__name__, spec], sort_keys=True)
-        seen.setdefault(key, {"module": self.fn.__module__, "kernel": self.fn.__name__, "args": spec})
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if only is None or self.fn.__name__ in only:
+            values = {**dict(zip(self.arg_names, args)), **kwargs}
+            spec = {name: arg_spec(v) for name, v in values.items()}
+            key = json.dumps([self.fn.__module__, self.fn.__name__, spec], sort_keys=True)
+            seen.setdefault(key, {"module": self.fn.__module__, "kernel": self.fn.__name__, "args": spec})
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs) if only is None else None
 
     interpreter.InterpretedFunction.run = record
-    cfg = dataclasses.replace(load_config(ROOT / "configs" / f"{config}.yaml").model, backend=backend, n_layers=1)
+    # the embedding, LM head and loss launch no Triton kernel on a CPU, and their bf16 GEMMs at a 50,257-word
+    # vocabulary take seconds each there: a small vocabulary changes no launch
+    model_cfg = load_config(ROOT / "configs" / f"{config}.yaml").model
+    cfg = dataclasses.replace(model_cfg, backend=backend, n_layers=1,
+                              vocab_size=min(CAPTURE_VOCAB, model_cfg.vocab_size))
     model = build_model(cfg)
     idx = torch.randint(0, cfg.vocab_size, (1, 65))
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -56,8 +56,8 @@ def test_unknown_backend_is_refused_before_any_work(capsys):
 def test_gated_deltanet_launches_fit_the_a100(tmp_path):
     """The A100 guard for the launch with the least margin: Gated DeltaNet's state backward (delta_h_bwd_kernel,
     BK 128, 3 stages) needs 164,872 of the A100's 166,912 B under the H100 machine's Triton 3.6, and 148,488 B
-    under 3.9. A change that grows it fails here, not on a user's A100. Only this kernel runs in the capture (the
-    others return unrun: its launch depends on shapes alone) and only it is compiled, for sm80 alone."""
+    under 3.9. A change that grows it fails here, not on a user's A100. The capture records this kernel's launch and
+    runs no kernel (a launch depends on shapes alone), and only it is compiled, for sm80 alone."""
     rows = main(["--configs", "gdn_125m", "--backends", "fused", "--kernels", "delta_h_bwd_kernel", "--sm80-only",
                  "--out", str(tmp_path)])
     assert rows and not [r for r in rows if "error" in r]
