@@ -16,7 +16,8 @@ ranks at once. Variants (`:`-separated options after the kind):
                (each block compiled inside the DDP module, as train.py's default scope), graph (the forward and
                backward captured as a CUDA graph, DDP's all-reduce with them, as train.py's --train.cuda_graphs),
                ctas=N (NCCL's CTAs per all-reduce at most: fewer SMs taken from the kernels it overlaps), bf16
-               (the all-reduce in bf16 through torch's bf16_compress_hook: half the bytes, each gradient rounded)
+               (the all-reduce in bf16 through torch's bf16_compress_hook: half the bytes, each gradient rounded).
+               train.py's DDP is `ddp:blocks:graph:view:bucket=100` (its DDP_KWARGS, compiled blocks, graphs)
   fsdp         FSDP2 as configs/accelerate/fsdp.yaml shards it (each Block, then the root; bf16 parameters, fp32
                gradient reduction); options: noreshard (reshard_after_forward=False: the backward reuses the
                forward's gathered parameters), compile (each block compiled, as train.py's block scope)
