@@ -113,8 +113,8 @@ def parse_variant(text: str) -> dict:
             v["graph"] = True
         else:
             raise SystemExit(f"variant {text!r}: unknown option {o!r} (ddp takes bucket=MB, ctas=N, view, static, "
-                             "bf16, compile, blocks, graph; fsdp takes noreshard, compile; local takes compile, blocks, "
-                             "graph)")
+                             "bf16, compile, blocks, graph; fsdp takes noreshard, compile; local takes compile, "
+                             "blocks, graph)")
     if v["compile"] and v["blocks"]:
         raise SystemExit(f"variant {text!r}: compile (the whole model) and blocks (each block) exclude each other")
     if v["graph"] and v["compile"]:

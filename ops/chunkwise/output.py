@@ -17,9 +17,9 @@ A diagonal pair (s = t, the dA_tt term) has b_t − b_t = 0 and enters q ⊙ dq 
 decay it is all either holds (the pairs s < t carry exp(b_t − b_s) ≤ e^g per step), so a db formed from the
 full dq and dk would be two near-equal numbers subtracted, fp32's rounding of them left where the true db is
 e^−50 smaller. It is therefore never in the dq', dk' db is formed from, and is added only to the dq, dk
-returned. dA_tt is read off the diagonal of dA (chunk_bwd_dA keeps it). The last row's key and the state leaving the chunk are such a pair too
-(exp(b_L − b_L) = 1; undecayed where dh_{n+1} is the final state's gradient), entering the tail and −k_L ⊙ dk_L
-equally: it is left out of both.
+returned. dA_tt is read off the diagonal of dA (chunk_bwd_dA keeps it). The last row's key and the state
+leaving the chunk are such a pair too (exp(b_L − b_L) = 1; undecayed where dh_{n+1} is the final state's
+gradient), entering the tail and −k_L ⊙ dk_L equally: it is left out of both.
 Every pair left in db carries at least one step of decay.
 """
 from __future__ import annotations
