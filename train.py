@@ -291,10 +291,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
             nonlocal pending
             if pending is None:
                 return
-            (at, lr, gnorm, losses, tokens, mark), pending = pending, None
+            (at, lr, gnorm, loss_mean, tokens, mark), pending = pending, None
             guard.check(last_ckpt, warn)
             tps = tokens / clock.seconds(mark)
-            loss_val = accelerator.reduce(finite_mean(losses), reduction="mean").item()
+            loss_val = loss_mean.item()
             row = {"step": at, "loss": loss_val, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tps,
                    "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
                    "peak_mem_gb": peak_memory_gb(device), "tokens": at * tokens_per_step,
@@ -335,7 +335,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
 
             is_last = step == tc.max_steps
             if step % tc.log_interval == 0 or is_last:      # read back once the next step is queued, or before a sync
-                pending = (step, lr, gnorm, interval_losses, tokens_since, clock.mark())
+                # the ranks' mean is queued now: queued at read-back, behind the next step, it would make the
+                # read wait for that step and leave the GPU idle while the host launches the one after
+                loss_mean = accelerator.reduce(finite_mean(interval_losses), reduction="mean")
+                pending = (step, lr, gnorm, loss_mean, tokens_since, clock.mark())
                 tokens_since, interval_losses = 0, []
             evaluate_now = val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last)
             save_now = (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last
