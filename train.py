@@ -49,7 +49,7 @@ from utils.precision import fsdp_plugin, resolve_precision
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
 from utils.stepguard import Diverged, StepGuard, finite_mean
-from utils.timing import IntervalClock
+from utils.timing import HostCopy, IntervalClock
 from utils.trackers import project_config, record, resolve_log_with, start_trackers
 
 # DDP: each gradient lives in its all-reduce bucket (no copy into the bucket and back out each step) and 100 MB
@@ -291,11 +291,11 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
             nonlocal pending
             if pending is None:
                 return
-            (at, lr, gnorm, loss_mean, tokens, mark), pending = pending, None
+            (at, lr, values, tokens, mark), pending = pending, None
             guard.check(last_ckpt, warn)
             tps = tokens / clock.seconds(mark)
-            loss_val = loss_mean.item()
-            row = {"step": at, "loss": loss_val, "lr": lr, "grad_norm": float(gnorm), "tokens_per_s": tps,
+            loss_val, gnorm_val = values.tolist()
+            row = {"step": at, "loss": loss_val, "lr": lr, "grad_norm": gnorm_val, "tokens_per_s": tps,
                    "mfu": flops_tok * tps / (peak * accelerator.num_processes) if peak else None,
                    "peak_mem_gb": peak_memory_gb(device), "tokens": at * tokens_per_step,
                    "epoch": sampler.epoch_of(at), "first_step_s": first_step_s, "bad_steps": guard.bad_steps}
@@ -335,10 +335,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
 
             is_last = step == tc.max_steps
             if step % tc.log_interval == 0 or is_last:      # read back once the next step is queued, or before a sync
-                # the ranks' mean is queued now: queued at read-back, behind the next step, it would make the
-                # read wait for that step and leave the GPU idle while the host launches the one after
+                # reduced and copied out now: read back once the next step is queued, without waiting for it
                 loss_mean = accelerator.reduce(finite_mean(interval_losses), reduction="mean")
-                pending = (step, lr, gnorm, loss_mean, tokens_since, clock.mark())
+                pending = (step, lr, HostCopy(torch.stack([loss_mean.float(), gnorm])), tokens_since, clock.mark())
                 tokens_since, interval_losses = 0, []
             evaluate_now = val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last)
             save_now = (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last

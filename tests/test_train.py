@@ -322,6 +322,29 @@ def test_interval_clock_reads_each_interval_once_the_device_reaches_it():
     assert 0.015 <= b < 0.5 if device.type == "cpu" else 0 <= b < 0.5
 
 
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_host_copy_reads_a_step_without_waiting_for_later_work(shape):
+    """HostCopy holds the values it was made from, whatever is written to the tensor later; on a GPU reading it
+    waits only for its own copy, not for the work queued after it (a plain .tolist() would wait ~1 s here)."""
+    import time as _time
+
+    from utils.timing import HostCopy
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t = torch.arange(1, 4, dtype=torch.float32, device=device)[: (3 if shape else 1)].reshape(shape) * 2
+    copy = HostCopy(t)
+    t.fill_(-1)
+    if device == "cuda":
+        torch.cuda._sleep(2_000_000_000)         # about a second of GPU work queued after the copy
+    t0 = _time.time()
+    values = copy.tolist()
+    waited = _time.time() - t0
+    assert values == ([2.0, 4.0, 6.0] if shape else 2.0)
+    if device == "cuda":
+        assert waited < 0.3 and not torch.cuda.current_stream().query()
+        torch.cuda.synchronize()
+
+
 def test_a_forward_only_backend_is_refused_before_training(tmp_path, monkeypatch):
     """GPT-2's `fused` attention (the WMMA kernel) has no backward: train.py says so at start-up, before any data
     is prepared, not at the first backward (where torch.compile would bury it in its own exception). Its device

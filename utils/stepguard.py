@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from utils.errors import UserError
+from utils.timing import HostCopy
 
 
 class Diverged(UserError, RuntimeError):
@@ -53,7 +54,7 @@ class StepGuard:
                  bad_steps: int = 0):
         self.max_bad, self.scaler, self.reduce = max_bad, scaler, reduce
         self.bad_steps, self.streak = bad_steps, 0
-        self.pending: list[tuple[int, torch.Tensor]] = []
+        self.pending: list[tuple[int, HostCopy]] = []
 
     def step(self, optimizer: torch.optim.Optimizer, step: int, loss: torch.Tensor, gnorm: torch.Tensor) -> None:
         """optimizer.step() for the step numbered `step` (1-based), a no-op on the device when `loss` or `gnorm` is
@@ -74,14 +75,14 @@ class StepGuard:
                 optimizer.step()
             finally:
                 del inner.found_inf
-        self.pending.append((step, torch.cat([values, bad[None]])))
+        self.pending.append((step, HostCopy(torch.cat([values, bad[None]]))))
 
     def check(self, last_ckpt: str | None, log: Callable[[str], None]) -> None:
         """Read back the flags of the steps since the last check (one transfer): warn about each skipped step and
         raise Diverged once `max_bad` consecutive steps were skipped."""
         if not self.pending:
             return
-        rows = torch.stack([v for _, v in self.pending]).tolist()
+        rows = [v.tolist() for _, v in self.pending]     # each waits for its own step, not for the steps queued since
         steps = [s for s, _ in self.pending]
         self.pending.clear()
         for step, (loss, gnorm, bad) in zip(steps, rows):

@@ -6,6 +6,7 @@
     prof = profile_steps(step); device_ms(prof, 5); kernel_table(prof)   # torch.profiler's per-kernel times
     mb = peak_mb(fn)                         # peak memory fn() allocates above what was allocated before
     clock = IntervalClock(device); m = clock.mark(); ...; s = clock.seconds(m)   # train.py's log intervals
+    values = HostCopy(t); ...; values.tolist()       # a step's numbers read later without waiting for later work
 
 On a GPU, bench_ms is `do_bench(fn, warmup, rep, grad_to_none, return_mode="median")`: warm-up and repeats
 are given in ms of running time, and do_bench flushes the L2 cache before each call. Without a GPU (CI, the
@@ -187,3 +188,27 @@ class IntervalClock:
             s = mark - self.last
         self.last = mark
         return s
+
+
+class HostCopy:
+    """A tensor's values copied to the host when made, read later. On a GPU the copy into pinned memory is queued on
+    the current stream at once and an event recorded after it; `tolist()` waits for that event alone. A plain
+    `.item()` or `.tolist()` queues its copy when called, behind all the work queued by then: a training loop that
+    reads a step's loss once the next step is queued would wait for that whole next step, and the GPU would idle
+    while the host launches the one after. On a CPU it holds the values."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        t = t.detach()
+        self.event = None
+        if t.device.type == "cuda":
+            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self.host.copy_(t, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = t.clone()
+
+    def tolist(self) -> list | float | int | bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
