@@ -62,6 +62,8 @@ class TrainConfig:
                                        # tracker, given metrics.jsonl's rows and the config (utils/trackers.py)
     activation_checkpointing: str = "none"  # none | full (recompute each block) | selective (each block's MLP)
     max_bad_steps: int = 5             # stop after this many consecutive steps skipped for a non-finite loss/grad norm
+    profile: str = ""                  # A:N: steps A..A+N-1 under torch.profiler on the main process → <run dir>/
+                                       # profile/{profile.md,profile.json,trace.json} (utils/profiling.py)
 
 
 @dataclass
@@ -216,6 +218,8 @@ RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.activation_checkpointing": (lambda v: v in CHECKPOINTING, f"one of {', '.join(CHECKPOINTING)}"),
     "train.compile_scope": (lambda v: v in ("auto", "model", "blocks"), "one of auto, model, blocks"),
     "train.name": (lambda v: v.strip() not in ("", ".", ".."), "a folder name (not empty, '.' or '..')"),
+    "train.profile": (lambda v: v == "" or bool(re.fullmatch(r"([2-9]|[1-9]\d+):[1-9]\d*", v)),
+                      "empty or A:N, the N steps from step A >= 2 (step 1 compiles)"),
     "data.seq_len": _at_least(1), "data.num_proc": _at_least(0),
     "optim.lr": _at_least(0, strict=True), "optim.warmup_steps": _at_least(0),
     "optim.min_lr_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"), "optim.weight_decay": _at_least(0),

@@ -49,6 +49,7 @@ from utils.precision import fsdp_plugin, resolve_precision
 from utils.runinfo import JsonlWriter, environment, peak_flops, peak_memory_gb
 from utils.runlock import take_run_folder
 from utils.stepguard import Diverged, StepGuard, finite_mean
+from utils.profiling import StepProfiler
 from utils.timing import HostCopy, IntervalClock
 from utils.trackers import project_config, record, resolve_log_with, start_trackers
 
@@ -280,6 +281,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (main_proc and tc.progress), unit="step",
                dynamic_ncols=True)
     warn = bar.write if main_proc else (lambda message: None)      # the guard's warnings, printed above the bar
+    profiler = StepProfiler(tuple(map(int, tc.profile.split(":"))) if tc.profile and main_proc else None,
+                            run_dir / "profile", device.type == "cuda")
     model.train()
     try:
         start_trackers(accelerator, cfg, run_dir, step)      # inside the try: end_training below closes them
@@ -339,6 +342,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 loss_mean = accelerator.reduce(finite_mean(interval_losses), reduction="mean")
                 pending = (step, lr, HostCopy(torch.stack([loss_mean.float(), gnorm])), tokens_since, clock.mark())
                 tokens_since, interval_losses = 0, []
+            if summary := profiler.after_step(step):
+                warn(f"steps {tc.profile}: {summary['step_ms']:.1f} ms a step, GPU busy {summary['busy']:.1%}, "
+                     f"host gaps {summary['gap_ms']:.1f} ms, exposed NCCL {summary['exposed_comm_ms']:.1f} ms "
+                     f"(profiled): {run_dir / 'profile'}")
             evaluate_now = val_store is not None and ((tc.eval_interval and step % tc.eval_interval == 0) or is_last)
             save_now = (tc.ckpt_interval and step % tc.ckpt_interval == 0) or is_last
             if evaluate_now or save_now:

@@ -24,10 +24,9 @@ ranks at once. Variants (`:`-separated options after the kind):
   (`local:compile` compiles the local step fullgraph; `local:blocks` compiles each block, as train.py's default;
   `local:graph` captures the local forward and backward. A graph variant warms up at least as many steps as its
   capture needs.)
-From rank 0's kernel timeline: step time (wall, between two synchronizations, per step), GPU busy (the union of
-its kernels, copies and sets over the wall time) and compute busy (the same without NCCL's kernels, which also
-count while they spin waiting for a peer), host gaps (wall − busy), communication (NCCL kernels) and exposed
-communication (NCCL time during which no other kernel runs), and the top kernels by total time.
+From rank 0's kernel timeline (utils/profiling.py): step time (wall, between two synchronizations, per step), GPU
+busy, compute busy (without NCCL's kernels), host gaps, communication and exposed communication, and the top
+kernels by total time. train.py's own steps, data and logging included: its --train.profile=A:N.
 Writes <out>/profile.{md,json}; --trace also keeps rank 0's Chrome trace per variant.
 """
 from __future__ import annotations
@@ -35,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -52,44 +50,7 @@ from model import build_model  # noqa: E402
 from train import make_optimizer  # noqa: E402
 from utils.compile import compile_blocks  # noqa: E402
 from utils.cuda_graph import DDP_ENV, DDP_WARMUP, WARMUP, GraphedMicroBatch, ddp_capture  # noqa: E402
-
-BUSY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-
-
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by [start, end) intervals."""
-    total, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def subtract_length(these: list[tuple[float, float]], others: list[tuple[float, float]]) -> float:
-    """Length of the union of `these` not covered by the union of `others`."""
-    return union_length(these + others) - union_length(others)
-
-
-def analyse(trace: dict, wall_us: float, steps: int, top: int = 12) -> dict:
-    """Rank 0's Chrome trace → the step's busy, gap and communication numbers (µs per step) and its top kernels."""
-    events = [e for e in trace.get("traceEvents", []) if e.get("cat") in BUSY_CATS and e.get("dur", 0) > 0]
-    spans = [(e["ts"], e["ts"] + e["dur"]) for e in events]
-    comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" in e["name"].lower()]
-    compute = [(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" not in e["name"].lower()]
-    by_name: dict[str, list[float]] = {}
-    for e in events:
-        by_name.setdefault(e["name"], []).append(e["dur"])
-    busy = union_length(spans)
-    compute_busy = union_length(compute)
-    kernels = sorted(((sum(d), len(d), n) for n, d in by_name.items()), reverse=True)[:top]
-    return {"step_ms": wall_us / steps / 1e3, "busy": busy / wall_us if wall_us else 0.0,
-            "compute_busy": compute_busy / wall_us if wall_us else 0.0,
-            "gap_ms": (wall_us - busy) / steps / 1e3, "comm_ms": union_length(comm) / steps / 1e3,
-            "exposed_comm_ms": subtract_length(comm, compute) / steps / 1e3,
-            "top": [{"name": n, "ms_per_step": t / steps / 1e3, "calls_per_step": c / steps} for t, c, n in kernels]}
-
+from utils.profiling import analyse  # noqa: E402
 
 def parse_variant(text: str) -> dict:
     kind, *opts = text.split(":")

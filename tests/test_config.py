@@ -41,6 +41,9 @@ def test_overrides_are_typed():
     (["--optim.beta2=1"], r"'optim.beta2' must be in \[0, 1\)"),
     (["--data.seq_len=0"], "'data.seq_len' must be >= 1"),
     (["--train.max_bad_steps=0"], "'train.max_bad_steps' must be >= 1"),
+    (["--train.profile=1:5"], r"'train.profile' must be empty or A:N, the N steps from step A >= 2"),
+    (["--train.profile=30"], "'train.profile' must be empty or A:N"),
+    (["--train.profile=30:0"], "'train.profile' must be empty or A:N"),
     (["--train.activation_checkpointing=mlp"], "'train.activation_checkpointing' must be one of none, full, selective"),
 ])
 def test_bad_overrides_are_errors(args, match):

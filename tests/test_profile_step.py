@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from scripts.profile_step import analyse, main, parse_variant, subtract_length, union_length
+from scripts.profile_step import main, parse_variant
+from utils.profiling import analyse, subtract_length, union_length
 
 
 def test_interval_arithmetic():

@@ -322,6 +322,22 @@ def test_interval_clock_reads_each_interval_once_the_device_reaches_it():
     assert 0.015 <= b < 0.5 if device.type == "cpu" else 0 <= b < 0.5
 
 
+def test_a_profiled_window_writes_its_report_and_changes_no_loss(tmp_path):
+    """--train.profile=A:N profiles steps A..A+N-1 (the summary's step time is theirs, host work included) into
+    <run>/profile/, and the run's losses are those of the same run unprofiled."""
+    short = ["--train.max_steps=5", "--train.eval_interval=0", "--train.ckpt_interval=0"]
+    train.main(tiny(tmp_path, "plain", *short))
+    train.main(tiny(tmp_path, "prof", *short, "--train.profile=2:3"))
+    folder = tmp_path / "runs" / "prof" / "profile"
+    summary = json.loads((folder / "profile.json").read_text())
+    assert summary["steps"] == [2, 4] and summary["step_ms"] > 0
+    assert bool(summary["top"]) == torch.cuda.is_available()        # device kernels: none on a CPU
+    assert "Steps 2–4, profiled" in (folder / "profile.md").read_text()
+    assert "traceEvents" in json.loads((folder / "trace.json").read_text())
+    assert losses(tmp_path / "runs" / "prof") == losses(tmp_path / "runs" / "plain")
+    assert not (tmp_path / "runs" / "plain" / "profile").exists()
+
+
 @pytest.mark.parametrize("shape", [(), (3,)])
 def test_host_copy_reads_a_step_without_waiting_for_later_work(shape):
     """HostCopy holds the values it was made from, whatever is written to the tensor later; on a GPU reading it
