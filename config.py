@@ -251,7 +251,7 @@ def _floats(obj: Any, prefix: str = ""):
 
 def validate(cfg: Config) -> Config:
     """Raise ConfigError naming the first float that is not finite (inf or nan: a run would take it until it
-    diverged), then the first key outside its range (RANGES)."""
+    diverged), then the first key outside its range (RANGES), then a profiled window past the run's end."""
     for key, value in _floats(cfg):
         if not math.isfinite(value):
             raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
@@ -262,6 +262,11 @@ def validate(cfg: Config) -> Config:
         value = getattr(obj, name)
         if not ok(value):
             raise ConfigError(f"config key {key!r} must be {want}, got {value!r}")
+    if cfg.train.profile:
+        first, count = map(int, cfg.train.profile.split(":"))
+        if first + count - 1 > cfg.train.max_steps:
+            raise ConfigError(f"train.profile={cfg.train.profile} ends at step {first + count - 1}, after "
+                              f"train.max_steps={cfg.train.max_steps}; choose a window inside the run")
     return cfg
 
 

@@ -282,7 +282,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                dynamic_ncols=True)
     warn = bar.write if main_proc else (lambda message: None)      # the guard's warnings, printed above the bar
     profiler = StepProfiler(tuple(map(int, tc.profile.split(":"))) if tc.profile and main_proc else None,
-                            run_dir / "profile", device.type == "cuda")
+                            run_dir / "profile", device.type == "cuda", start=step)
+    if profiler.skipped:
+        log(f"train.profile={tc.profile}: the run resumes after step {step}, too late for the window (its first step "
+            "compiles); not profiled")
     model.train()
     try:
         start_trackers(accelerator, cfg, run_dir, step)      # inside the try: end_training below closes them
@@ -337,8 +340,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 first_step_s = time.time() - t_launch
 
             is_last = step == tc.max_steps
-            if step % tc.log_interval == 0 or is_last:      # read back once the next step is queued, or before a sync
-                # reduced and copied out now: read back once the next step is queued, without waiting for it
+            # the row's numbers are reduced and copied out now, and read once the next step is queued (or before a
+            # sync) without waiting for it
+            if step % tc.log_interval == 0 or is_last:
                 loss_mean = accelerator.reduce(finite_mean(interval_losses), reduction="mean")
                 pending = (step, lr, HostCopy(torch.stack([loss_mean.float(), gnorm])), tokens_since, clock.mark())
                 tokens_since, interval_losses = 0, []

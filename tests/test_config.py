@@ -44,6 +44,7 @@ def test_overrides_are_typed():
     (["--train.profile=1:5"], r"'train.profile' must be empty or A:N, the N steps from step A >= 2"),
     (["--train.profile=30"], "'train.profile' must be empty or A:N"),
     (["--train.profile=30:0"], "'train.profile' must be empty or A:N"),
+    (["--train.max_steps=10", "--train.profile=8:5"], r"train.profile=8:5 ends at step 12, after train.max_steps=10"),
     (["--train.activation_checkpointing=mlp"], "'train.activation_checkpointing' must be one of none, full, selective"),
 ])
 def test_bad_overrides_are_errors(args, match):

@@ -71,3 +71,21 @@ def test_a_cpu_profile_of_the_fsdp_step(tmp_path):
                "--warmup", "1", "--steps", "1", "--out", str(tmp_path)])
     assert [r["name"] for r in rs] == ["fsdp", "fsdp:noreshard"]
     assert all(r["step_ms"] > 0 and r["tokens_per_s_per_gpu"] > 0 for r in rs)
+
+
+def test_the_step_profiler_window(tmp_path):
+    """StepProfiler starts after step first−1 and reports after step first+count−1; a resumed run that starts at or
+    after first−1 (its own first step compiles) skips the window; without a window it does nothing."""
+    import torch
+
+    from utils.profiling import StepProfiler
+
+    assert StepProfiler((5, 2), tmp_path, False, start=4).skipped
+    assert StepProfiler((5, 2), tmp_path, False, start=3).skipped is False
+    assert StepProfiler(None, tmp_path, False).after_step(1) is None
+    prof = StepProfiler((3, 2), tmp_path / "p", False)
+    assert [prof.after_step(s) for s in (1, 2, 3)] == [None, None, None]
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    summary = prof.after_step(4)
+    assert summary["steps"] == [3, 4] and summary["step_ms"] > 0
+    assert prof.after_step(5) is None and (tmp_path / "p" / "profile.md").exists()

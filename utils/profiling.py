@@ -75,12 +75,22 @@ class StepProfiler:
     it starts once step first−1 has finished and stops once the last profiled one has, synchronizing the device at
     both ends (a graph or a queue ahead of the host would otherwise put other steps' work in the window). Then it
     writes <out>/trace.json (Chrome trace: Perfetto or chrome://tracing), profile.json (analyse()'s numbers, the top
-    25 kernels) and profile.md, and returns the numbers. `window` None: a no-op."""
+    25 kernels) and profile.md, and returns the numbers. `window` None: a no-op. `start`: the step the run starts
+    after (a resumed run's); a window that does not begin after the run's first step (which compiles) is
+    `skipped`."""
 
-    def __init__(self, window: tuple[int, int] | None, out: Path, cuda: bool) -> None:
-        self.window, self.out, self.cuda = window, Path(out), cuda
+    def __init__(self, window: tuple[int, int] | None, out: Path, cuda: bool, start: int = 0) -> None:
+        self.out, self.cuda = Path(out), cuda
+        self.skipped = window is not None and start >= window[0] - 1
+        self.window = None if self.skipped else window
         self.prof: profile | None = None
         self.t0 = 0.0
+
+    def _start(self) -> None:
+        self._sync()
+        self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
+        self.prof.__enter__()
+        self.t0 = time.perf_counter()
 
     def _sync(self) -> None:
         if self.cuda:
@@ -91,10 +101,7 @@ class StepProfiler:
             return None
         first, count = self.window
         if step == first - 1:
-            self._sync()
-            self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
-            self.prof.__enter__()
-            self.t0 = time.perf_counter()
+            self._start()
             return None
         if step != first + count - 1 or self.prof is None:
             return None

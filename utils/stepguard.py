@@ -78,8 +78,8 @@ class StepGuard:
         self.pending.append((step, HostCopy(torch.cat([values, bad[None]]))))
 
     def check(self, last_ckpt: str | None, log: Callable[[str], None]) -> None:
-        """Read back the flags of the steps since the last check (one transfer): warn about each skipped step and
-        raise Diverged once `max_bad` consecutive steps were skipped."""
+        """Read back the flags of the steps since the last check (each copied out when its step was made): warn
+        about each skipped step and raise Diverged once `max_bad` consecutive steps were skipped."""
         if not self.pending:
             return
         rows = [v.tolist() for _, v in self.pending]     # each waits for its own step, not for the steps queued since
