@@ -124,7 +124,7 @@ def step_seconds(step: Callable[[], object], steps: int, warmup: int = 0) -> flo
 
 def profile_steps(step: Callable[[], object], steps: int = 5, warmup: int = 3) -> torch.profiler.profile:
     """torch.profiler over `steps` calls of step() after `warmup` untimed ones: CUDA kernels on a GPU, CPU
-    operators without one."""
+    operators without one (pass steps=1, warmup=0 there: the interpreter's numbers mean nothing, see bench_ms)."""
     for _ in range(warmup):
         step()
     sync()
@@ -151,9 +151,8 @@ def kernel_table(prof: torch.profiler.profile, rows: int = 15) -> str:
 
 def peak_mb(fn: Callable[[], object]) -> float | None:
     """Peak memory in MB that fn() allocates above what was allocated before it (its inputs are not counted);
-    None without a GPU, where the caching allocator's statistics do not exist."""
+    None without a GPU, where the caching allocator's statistics do not exist (fn is not called there)."""
     if not on_gpu():
-        fn()
         return None
     sync()
     base = torch.cuda.memory_allocated()
