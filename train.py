@@ -281,8 +281,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (main_proc and tc.progress), unit="step",
                dynamic_ncols=True)
     warn = bar.write if main_proc else (lambda message: None)      # the guard's warnings, printed above the bar
-    profiler = StepProfiler(tuple(map(int, tc.profile.split(":"))) if tc.profile and main_proc else None,
-                            run_dir / "profile", device.type == "cuda", start=step)
+    profiler = StepProfiler(tc.profile if main_proc else None, run_dir / "profile", start=step)
     if profiler.skipped:
         log(f"train.profile={tc.profile}: the run resumes after step {step}, too late for the window (its first step "
             "compiles); not profiled")

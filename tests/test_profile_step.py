@@ -80,10 +80,10 @@ def test_the_step_profiler_window(tmp_path):
 
     from utils.profiling import StepProfiler
 
-    assert StepProfiler((5, 2), tmp_path, False, start=4).skipped
-    assert StepProfiler((5, 2), tmp_path, False, start=3).skipped is False
-    assert StepProfiler(None, tmp_path, False).after_step(1) is None
-    prof = StepProfiler((3, 2), tmp_path / "p", False)
+    assert StepProfiler("5:2", tmp_path, start=4).skipped
+    assert StepProfiler("5:2", tmp_path, start=3).skipped is False
+    assert StepProfiler("", tmp_path).after_step(1) is None and StepProfiler(None, tmp_path).after_step(1) is None
+    prof = StepProfiler("3:2", tmp_path / "p")
     assert [prof.after_step(s) for s in (1, 2, 3)] == [None, None, None]
     torch.ones(64, 64) @ torch.ones(64, 64)
     summary = prof.after_step(4)

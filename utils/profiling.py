@@ -2,7 +2,7 @@
 how much of it no other kernel hides, and the top kernels.
 
     summary = analyse(trace, wall_us, steps)       # a Chrome trace's numbers per step (scripts/profile_step.py)
-    prof = StepProfiler((30, 5), run_dir, cuda)    # train.py's --train.profile=30:5
+    prof = StepProfiler("30:5", run_dir)           # train.py's --train.profile=30:5
     prof.after_step(step)                          # once per finished step; the summary after the window's last
 
 From the trace's kernel, copy and set events: GPU busy is their union over the wall time; compute busy the same
@@ -17,8 +17,9 @@ import math
 import time
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
+
+from utils.timing import on_gpu, sync
 
 BUSY_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -75,26 +76,23 @@ class StepProfiler:
     it starts once step first−1 has finished and stops once the last profiled one has, synchronizing the device at
     both ends (a graph or a queue ahead of the host would otherwise put other steps' work in the window). Then it
     writes <out>/trace.json (Chrome trace: Perfetto or chrome://tracing), profile.json (analyse()'s numbers, the top
-    25 kernels) and profile.md, and returns the numbers. `window` None: a no-op. `start`: the step the run starts
-    after (a resumed run's); a window that does not begin after the run's first step (which compiles) is
-    `skipped`."""
+    25 kernels) and profile.md, and returns the numbers. `window`: "first:count" (train.profile), "" or None for
+    none. `start`: the step the run starts after (a resumed run's); a window that does not begin after the run's
+    first step (which compiles) is `skipped`."""
 
-    def __init__(self, window: tuple[int, int] | None, out: Path, cuda: bool, start: int = 0) -> None:
-        self.out, self.cuda = Path(out), cuda
-        self.skipped = window is not None and start >= window[0] - 1
-        self.window = None if self.skipped else window
+    def __init__(self, window: str | None, out: Path, start: int = 0) -> None:
+        self.out = Path(out)
+        span = tuple(map(int, window.split(":"))) if window else None
+        self.skipped = span is not None and start >= span[0] - 1
+        self.window = None if self.skipped else span
         self.prof: profile | None = None
         self.t0 = 0.0
 
     def _start(self) -> None:
-        self._sync()
-        self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
-        self.prof.__enter__()
+        sync()
+        self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else []))
+        self.prof.start()
         self.t0 = time.perf_counter()
-
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
 
     def after_step(self, step: int) -> dict | None:
         if self.window is None:
@@ -105,9 +103,9 @@ class StepProfiler:
             return None
         if step != first + count - 1 or self.prof is None:
             return None
-        self._sync()
+        sync()
         wall_us = (time.perf_counter() - self.t0) * 1e6
-        self.prof.__exit__(None, None, None)
+        self.prof.stop()
         self.out.mkdir(parents=True, exist_ok=True)
         trace = self.out / "trace.json"
         self.prof.export_chrome_trace(str(trace))
