@@ -82,15 +82,15 @@ def linear_cross_entropy_fwd(x: torch.Tensor, weight: torch.Tensor, targets: tor
         for a in range(0, x.shape[0], chunk):
             rows = slice(a, a + chunk)
             z = xc[rows] @ wc.t()                                   # [c, Vp], the GEMM's dtype; z[:, V:] = 0
-            if z.is_cuda:                      # one kernel: the loss terms, and the gradient written over z
-                loss += ce_rows(z[:, :V], targets[rows], inv, want_grad, IGNORE_INDEX).sum()
+            if z.is_cuda:         # one kernel: the loss terms, and the gradient written over z (padding: 0)
+                loss += ce_rows(z, targets[rows], inv, want_grad, V, IGNORE_INDEX).sum()
             else:
                 step, dz = _ce_rows_torch(z[:, :V], targets[rows], valid[rows], inv, want_grad)
                 loss += step
                 if want_grad:
                     z[:, :V] = dz
+                    z[:, V:] = 0       # the padding's logits are no gradient (and x·0 may be NaN)
             if want_grad:
-                z[:, V:] = 0                   # the padding's logits are no gradient (and x·0 may be NaN)
                 dx[rows] = z @ wc
                 dw += (z[:, :V].t() @ xc[rows]).float()
             del z

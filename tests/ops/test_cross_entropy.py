@@ -63,3 +63,25 @@ def test_leading_minus_inf_block_and_strided_targets(device):
     loss = ce_rows(z, t, torch.ones(1, device=device), grad=True)
     assert torch.isfinite(loss).all() and rel_err(loss, ref_terms) < 1e-6
     assert rel_err(z, ref_grad) < 1e-6
+
+
+@pytest.mark.parametrize("V, W", [(61, 64), (77, 80), (7, 96)])
+def test_padding_columns_are_left_out(V, W, device):
+    """z wider than the vocabulary (the caller's padded head): columns V..W−1 hold large garbage, which must not
+    enter the softmax, and their gradient must come out 0."""
+    g = torch.Generator().manual_seed(W)
+    z = (3 * torch.randn(6, W, generator=g)).to(device, torch.bfloat16)
+    z[:, V:] = 1e4
+    t = torch.randint(0, V, (6,), generator=g).to(device)
+    t[3] = -100
+    ref_terms, ref_grad = reference(z[:, :V], t, 1 / 5)
+    loss = ce_rows(z, t, torch.tensor([1 / 5], device=device), grad=True, vocab=V)
+    assert rel_err(loss, ref_terms) < 1e-6
+    assert rel_err(z[:, :V].float(), ref_grad) < 8e-3
+    assert (z[:, V:] == 0).all()
+
+
+def test_vocab_wider_than_z_is_refused(device):
+    with pytest.raises(ValueError, match="vocab must be in 1..8"):
+        ce_rows(torch.zeros(2, 8, device=device), torch.zeros(2, dtype=torch.long, device=device),
+                torch.ones(1, device=device), grad=False, vocab=9)

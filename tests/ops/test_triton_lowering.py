@@ -45,7 +45,7 @@ KERNELS = {
         ("M", "D", "HK", "HV", "L"), (),
         {"PREC": "tf32", "BM": 32, "BN": 32, "BK": 32, "BL": 16, "GROUP": 8, "PER_SM": 1}),
     "ops.loss.cross_entropy.ce_rows_kernel": (
-        {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "stride"), (),
+        {"z": BF16, "targets": "*i64", "scale": F32, "loss": F32}, ("V", "W", "stride"), (),
         {"IGNORE": -100, "GRAD": True, "BLOCK": 64}),
     "ops.proj_out.kernels.gate_fwd_kernel": (
         {"o": BF16, "r": BF16, "nw": F32, "g": BF16}, ("R", "RS"), ("eps",),
@@ -171,3 +171,34 @@ def test_projection_kernels_lower_for_hopper(arch=90):
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(KERNELS), str(arch)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+
+
+CE_SCRIPT = r"""
+import re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ops.loss.cross_entropy import ce_rows_kernel
+sig = {"z": "*bf16", "targets": "*i64", "scale": "*fp32", "loss": "*fp32", "V": "i32", "W": "i32", "stride": "i32",
+       "IGNORE": "constexpr", "GRAD": "constexpr", "BLOCK": "constexpr"}
+for hinted in (False, True):
+    # a launch's hints: aligned pointers and stride; W (the padded width) divisible by 16 or not
+    attrs = {(sig_i,): [["tt.divisibility", 16]] for sig_i in (0, 1, 2, 3, 6) + ((5,) if hinted else ())}
+    ptx = triton.compile(ASTSource(ce_rows_kernel, sig, {"IGNORE": -100, "GRAD": True, "BLOCK": 1024}, attrs),
+                         target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    print(len(re.findall(r"ld\.global\.v4", ptx)), len(re.findall(r"st\.global\.v4", ptx)),
+          len(re.findall(r"ld\.global\.b16", ptx)))
+"""
+
+
+@pytest.mark.skipif(not has_triton_cuda_backend(), reason="Triton's CUDA backend (and its ptxas) is not installed")
+def test_loss_kernel_moves_16_bytes_per_access_at_a_padded_width():
+    """ce_rows_kernel masks by the padded width W, not the vocabulary: at W divisible by 16 its loads and stores of
+    the logits are 16-byte vectors; at an odd W (the control) they are single bf16 accesses."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", CE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (odd_ld, odd_st, odd_b16), (ld, st, b16) = (tuple(map(int, line.split())) for line in done.stdout.split("\n")[:2])
+    assert odd_ld == odd_st == 0 and odd_b16 > 8           # the control: the hint is what vectorises
+    assert ld >= 2 and st >= 1 and b16 <= 1                # one scalar bf16 load remains: z at the target
