@@ -264,7 +264,7 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         log(f"kernel plan: {plan}")
     log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}")
     log(f"CUDA graphs: {'on' if graphs_on else 'off'} ({graphs_why})" + (
-        f"; each micro-batch replayed from one graph captured after {graphed.warmup}" if graphed else ""))
+        f"; each kind of micro-batch replayed from its own graph, captured after {graphed.warmup} of that kind" if graphed else ""))
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:
@@ -319,9 +319,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                     x, y = x.pin_memory(), y.pin_memory()
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    # one graph serves every micro-batch of one process; DDP's syncing ones launch the all-reduce too
-                    loss = graphed(x, y, sync if launched > 1 else None) if graphed else micro_step(
-                        *(t.to(device, non_blocking=True) for t in (x, y)), cu)
+                    # one graph per kind of micro-batch: DDP's syncing ones launch the all-reduce too; on one
+                    # process a step's first micro-batch writes the gradients rather than adding them into zeros
+                    loss = graphed(x, y, key=sync if launched > 1 else None, first=micro == 0 and launched == 1) \
+                        if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)), cu)
                 loss_sum += loss / tc.grad_accum
             write_row()           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
             # max_norm = inf measures the norm without clipping
@@ -330,7 +331,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 gnorm = gnorm.full_tensor()
             gnorm = torch.as_tensor(gnorm, device=device).detach().float()
             guard.step(optimizer, step + 1, loss_sum, gnorm)     # no update when the loss or the norm is not finite
-            optimizer.zero_grad(set_to_none=graphed is None)     # a graph accumulates into fixed buffers
+            if graphed is None or launched > 1:     # one process's graphs write the next step's gradients afresh
+                optimizer.zero_grad(set_to_none=graphed is None)     # DDP's graphs accumulate into fixed buffers
             step += 1
             tokens_since += tokens_per_step
             interval_losses.append(loss_sum)

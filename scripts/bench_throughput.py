@@ -125,9 +125,10 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
     graphed = GraphedMicroBatch(forward_backward, list(model.parameters())) if mode == "graphed" else None
 
     def step():
-        loss = graphed(x, x) if graphed else forward_backward(x)
+        loss = graphed(x, x, first=True) if graphed else forward_backward(x)     # a graph writes the gradients
         opt.step()
-        opt.zero_grad(set_to_none=graphed is None)
+        if graphed is None:
+            opt.zero_grad(set_to_none=True)
         return loss
 
     step()

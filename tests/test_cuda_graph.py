@@ -68,17 +68,20 @@ def test_train_refuses_graphs_on_a_cpu(tmp_path):
 
 
 @gpu
+@pytest.mark.parametrize("write", [True, False], ids=["first-writes", "all-add"])
 @pytest.mark.parametrize("family,backend", [pytest.param(*c, id="-".join(c)) for c in CELLS])
-def test_replayed_micro_batches_equal_normal_ones(family, backend):
-    """Two optimizer steps' worth of micro-batches (3 and 2, fresh tokens each): the first WARMUP run normally, the
-    next is captured, the rest replay. Losses and the gradients accumulated over each step match the same
-    micro-batches run without the graph (fp32: the same kernels, so within 1e-5)."""
+def test_replayed_micro_batches_equal_normal_ones(family, backend, write):
+    """Three optimizer steps' worth of micro-batches (3, 2 and 3, fresh tokens each): per kind of micro-batch the
+    first WARMUP run normally, the next is captured, the rest replay. Losses and the gradients summed over each step
+    match the same micro-batches run without the graph (fp32: the same kernels, so within 1e-5). `write`: each
+    step's first micro-batch replaces the gradients (no zeroing; a stale gradient would show in steps 2 and 3), else
+    every micro-batch adds into gradients zeroed in place."""
     torch.manual_seed(0)
     cfg = ModelConfig(**{"family": family, "vocab_size": 61, "n_layers": 2, "mlp_hidden": 64, "chunk_size": 16,
                          **TINY[family], "backend": backend})
     model = build_model(cfg).cuda()
     params = list(model.parameters())
-    batches = [[(torch.randint(0, 61, (2, 40)), torch.randint(0, 61, (2, 40))) for _ in range(n)] for n in (3, 2)]
+    batches = [[(torch.randint(0, 61, (2, 40)), torch.randint(0, 61, (2, 40))) for _ in range(n)] for n in (3, 2, 3)]
 
     def run(x, y):
         _, loss = model(x, y, return_logits=False)
@@ -92,13 +95,16 @@ def test_replayed_micro_batches_equal_normal_ones(family, backend):
         want.append((step_losses, [p.grad.clone() for p in params]))
     graphed = GraphedMicroBatch(run, params)
     for (want_losses, want_grads), step in zip(want, batches):
-        model.zero_grad(set_to_none=False)
-        got_losses = [graphed(x, y) for x, y in step]
+        if not write:
+            model.zero_grad(set_to_none=False)
+        got_losses = [graphed(x, y, first=write and i == 0) for i, (x, y) in enumerate(step)]
         for got, ref in zip(got_losses, want_losses):
             assert abs(got.item() - ref.item()) <= 1e-5 * abs(ref.item())
         bad = {i: e for i, (p, g) in enumerate(zip(params, want_grads)) if not (e := rel_err(p.grad, g)) <= 1e-5}
         assert not bad, bad
-    assert graphed.replays == 5 - WARMUP
+    # all alike: 8 calls, WARMUP of them eager. Firsts: 3 calls, captured at the third. The rest wait for the firsts'
+    # graph (the tensors they add into): steps 1 and 2 eager, both of step 3 replayed
+    assert graphed.replays == (8 - WARMUP if not write else 3 - WARMUP + 2)
 
 
 @gpu
@@ -114,7 +120,7 @@ def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing)
     reset_accelerate()
     torch._dynamo.reset()
     out = train.main(tiny(tmp_path, "graphed", *common))
-    assert out["graph_replays"] == 12 * 2 - WARMUP
+    assert out["graph_replays"] == 12 * 2 - 2 * WARMUP          # steps' first micro-batches and second ones
     (plain, plain_val), (graphed, graphed_val) = (losses(tmp_path / "runs" / n) for n in ("plain", "graphed"))
     assert plain.keys() == graphed.keys() and plain_val.keys() == graphed_val.keys() == {6, 12}
     bad = {s: (plain[s], graphed[s]) for s in plain if not abs(plain[s] - graphed[s]) <= 1e-4 * abs(plain[s])}
@@ -129,7 +135,7 @@ def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing)
     reset_accelerate()
     torch._dynamo.reset()
     out = train.main(tiny(tmp_path, "crashed", *common) + ["--resume"])
-    assert out["graph_replays"] == 6 * 2 - WARMUP
+    assert out["graph_replays"] == 6 * 2 - 2 * WARMUP
     resumed, resumed_val = losses(crashed)
     assert sorted(resumed) == list(range(1, 13))
     bad = {s: (graphed[s], resumed[s]) for s in graphed if not abs(graphed[s] - resumed[s]) <= 1e-4 * abs(graphed[s])}

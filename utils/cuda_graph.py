@@ -10,8 +10,12 @@ may be compiled or eager: the graph records whatever the step launches.
 
 What a graph requires of the step, and how it is met:
 - Static shapes: every micro-batch is [micro_batch_size, seq_len] (a different shape is an error).
-- Fixed gradient buffers: every `.grad` exists before the capture and is zeroed in place between steps
-  (`zero_grad(set_to_none=False)`), so that each replay accumulates into the same memory.
+- Fixed gradient buffers. A micro-batch that starts a step (`first`) writes its gradients rather than adding them:
+  every `.grad` is set to None before it runs, so autograd hands each parameter the gradient tensor it made, which
+  in a capture comes from the graph's pool and is rewritten in place by every replay. No pass zeroes the gradients
+  and none adds into zeros. The step's other micro-batches accumulate into those tensors. Where `first` is not used
+  (DDP, whose reducer keeps `.grad` as views into its buckets), every `.grad` exists before the capture and is
+  zeroed in place between steps (`zero_grad(set_to_none=False)`).
 - Warm-up before capture: the first WARMUP micro-batches (DDP_WARMUP under DDP) run normally, on the capture
   stream. They compile the model, compile and autotune the Triton kernels and allocate cuBLAS's workspace, and let
   DDP's reducer settle its buckets; none of that may happen inside a capture.
@@ -67,11 +71,13 @@ def resolve_cuda_graphs(cfg: Config, device_type: str, world_size: int, precisio
 
 class GraphedMicroBatch:
     """`run(x, y)` (a micro-batch's forward and backward, returning its detached loss) captured as a CUDA graph
-    after `warmup` normal calls, then replayed. `params`: the parameters whose gradients the backward accumulates;
-    their `.grad` is created here (zeros) when missing. Calling it returns the micro-batch's loss (a fresh tensor).
-    `key` tells apart micro-batches that launch different work (under DDP, those that all-reduce and those inside
-    no_sync): each key has its own graph and warm-up, all in one memory pool. `stream`: the capture stream (DDP's
-    wrapper must have been built on it, see ddp_capture). `replays` counts the calls served by a graph."""
+    after `warmup` normal calls, then replayed. `params`: the parameters whose gradients the backward makes.
+    Calling it returns the micro-batch's loss (a fresh tensor). With `first=True` the micro-batch's gradients
+    replace `.grad` (module docstring), so the caller does not zero them; otherwise they are added into `.grad`,
+    created here (zeros) when missing. `key` tells apart micro-batches that launch different work (under DDP, those
+    that all-reduce and those inside no_sync): each (key, first) has its own graph and warm-up, all in one memory
+    pool. `stream`: the capture stream (DDP's wrapper must have been built on it, see ddp_capture). `replays` counts
+    the calls served by a graph."""
 
     def __init__(self, run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  params: list[torch.nn.Parameter], warmup: int = WARMUP,
@@ -82,14 +88,19 @@ class GraphedMicroBatch:
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self.losses: dict[Hashable, torch.Tensor] = {}
         self.replays, self.pool = 0, None
+        self.writes = False         # whether some micro-batch has come with first=True
         self.stream = stream or torch.cuda.Stream()
         self.x = self.y = None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, key: Hashable = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, key: Hashable = None, first: bool = False) -> torch.Tensor:
         if self.x is None:
             self.x, self.y = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (x, y))
+        key, self.writes = (key, first), self.writes or first
+        if key not in self.graphs:      # a replay rewrites the tensors the capture handed to `.grad`
             for p in self.params:
-                if p.grad is None:
+                if first:
+                    p.grad = None
+                elif p.grad is None:
                     p.grad = torch.zeros_like(p)
         if x.shape != self.x.shape or y.shape != self.y.shape:
             raise ValueError(f"train.cuda_graphs: a micro-batch of shape {tuple(x.shape)}, the graph's is "
@@ -97,7 +108,12 @@ class GraphedMicroBatch:
         self.x.copy_(x, non_blocking=True)      # asynchronous from pinned memory (train.py pins each batch)
         self.y.copy_(y, non_blocking=True)
         self.calls[key] = self.calls.get(key, 0) + 1
-        if key not in self.graphs and self.calls[key] > self.warmup:
+        # a graph that adds into `.grad` waits for the first micro-batch's graph: it must add into that graph's tensors
+        if key not in self.graphs and self.calls[key] > self.warmup and (
+                first or not self.writes or any(k[1] for k in self.graphs)):
+            if first and self.graphs:
+                raise RuntimeError("GraphedMicroBatch: a graph that adds into .grad was captured before the first "
+                                   "micro-batch's, whose capture replaces .grad; pass first=True from the first call")
             self._capture(key)
         if key not in self.graphs:
             return self._on_stream(lambda: self.run(self.x, self.y))

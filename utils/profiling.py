@@ -90,7 +90,9 @@ class StepProfiler:
 
     def _start(self) -> None:
         sync()
-        self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else []))
+        # acc_events: one cycle either way; without it torch warns that a cycle's end clears the events
+        self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu() else []),
+                            acc_events=True)
         self.prof.start()
         self.t0 = time.perf_counter()
 
