@@ -11,7 +11,8 @@ math, cast to the GEMM dtype as PyTorch's chain casts it; dx for those rows and 
 GEMMs, and only dx ([B·T, d]) and dW ([vocab, d] fp32) are kept for the backward, which scales them by the
 incoming gradient. Peak extra memory: one chunk's logits (412 MB in bf16 at CHUNK = 4096 and 50,257 tokens).
 The GEMM FLOPs are PyTorch's (the backward's two GEMMs move into the forward). Rounding points are PyTorch's as
-well, except dW, which sums per-chunk bf16 products in fp32 rather than rounding one bf16 product. Without grad
+well, except dW, which is accumulated in fp32 over the chunks rather than rounded once to bf16 (on a GPU inside the
+GEMM; on CPU each chunk's bf16 product is added). Without grad
 (evaluation) only the loss is computed. Under fp16 autocast the whole-logits chain runs instead (see
 linear_cross_entropy: the 1/N-scaled gradient would underflow in fp16 before the loss scaler's factor).
 
@@ -92,7 +93,10 @@ def linear_cross_entropy_fwd(x: torch.Tensor, weight: torch.Tensor, targets: tor
                     z[:, V:] = 0       # the padding's logits are no gradient (and x·0 may be NaN)
             if want_grad:
                 dx[rows] = z @ wc
-                dw += (z[:, :V].t() @ xc[rows]).float()
+                if z.is_cuda:     # cuBLAS adds the product into fp32 dW itself: no bf16 product, cast or add pass
+                    torch.addmm(dw, z[:, :V].t(), xc[rows], out_dtype=torch.float32, out=dw)
+                else:             # (addmm's out_dtype has no CPU kernel)
+                    dw += (z[:, :V].t() @ xc[rows]).float()
             del z
     return loss / count, dx, dw
 
