@@ -264,7 +264,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
         log(f"kernel plan: {plan}")
     log(f"compiled step: {'on' if compile_on else 'off'} ({compile_why}); activation checkpointing: {recompute}")
     log(f"CUDA graphs: {'on' if graphs_on else 'off'} ({graphs_why})" + (
-        f"; each kind of micro-batch replayed from its own graph, captured after {graphed.warmup} of that kind" if graphed else ""))
+        f"; each kind of micro-batch replayed from its own graph, captured after {graphed.warmup} of that kind"
+        if graphed else ""))
     if entropy is not None:
         log(f"synthetic source: entropy rate {entropy:.4f} nats/token (the best achievable loss)")
     if val_store is not None:
@@ -331,8 +332,10 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 gnorm = gnorm.full_tensor()
             gnorm = torch.as_tensor(gnorm, device=device).detach().float()
             guard.step(optimizer, step + 1, loss_sum, gnorm)     # no update when the loss or the norm is not finite
-            if graphed is None or launched > 1:     # one process's graphs write the next step's gradients afresh
-                optimizer.zero_grad(set_to_none=graphed is None)     # DDP's graphs accumulate into fixed buffers
+            if graphed is None:
+                optimizer.zero_grad(set_to_none=True)
+            elif launched > 1:      # DDP's graphs add into fixed buffers; one process's write the next step's afresh
+                optimizer.zero_grad(set_to_none=False)
             step += 1
             tokens_since += tokens_per_step
             interval_losses.append(loss_sum)

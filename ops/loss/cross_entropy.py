@@ -1,7 +1,7 @@
 """One Triton kernel for a chunk of the LM loss (model/loss.py): per row of the logits z (the head GEMM's output,
 in its dtype), logsumexp, the loss term and, in place of z, the gradient (softmax − onehot)·scale.
 
-    lse_i = log Σ_{j<V} exp z_ij;   loss_i = lse_i − z_i,y_i;   z_ij ← (exp(z_ij − lse_i) − [j = y_i]) · scale_i
+    lse_i = log Σ_{j<V} exp z_ij;  loss_i = lse_i − z_i,y_i;  z_ij ← (exp(z_ij − lse_i) − [j = y_i]) · scale_i
 
 Why a kernel: in PyTorch the same steps are a cast to fp32, logsumexp, a gather, exp, a scatter, a scale and a
 cast back, each a pass over the [rows, vocab] chunk (≈ 6.6 GB per 4096 × 50,257 chunk); the kernel reads z twice
