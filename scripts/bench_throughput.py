@@ -83,7 +83,7 @@ def worker(config: str, backend: str, batch: int, seq_len: int, warmup: int, ste
            logits: bool = False, mode: str = "eager", compile_backend: str = "inductor",
            checkpointing: str = "none", compile_scope: str = "model") -> dict:
     """One row, in this process: build, train warmup + steps steps, measure. logits: our models' loss through
-    the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of model/loss.py's chunked head.
+    the whole [B, T, vocab] logits (F.linear + F.cross_entropy) instead of ops/loss/'s chunked head.
     mode 'compiled': the model under torch.compile (fullgraph for ours) with `compile_backend`. checkpointing:
     utils.activation_checkpointing's mode for our models, applied before compile as train.py does. compile_scope
     'blocks': our compiled rows compile block by block (utils.compile.compile_blocks), as --train.compile_scope."""
@@ -190,7 +190,7 @@ def to_markdown(rows: list[dict], env: dict, command: str, args) -> str:
              f"{args.steps} timed steps, one process per row. `peer` is fla's model class (GLA, Gated DeltaNet, "
              "Mamba-2) or transformers' GPT2LMHeadModel (SDPA) at the same size. Our rows' loss: "
              + ("PyTorch's head and cross-entropy over the whole logits (--logits)." if args.logits else
-                "model/loss.py's chunked head and cross-entropy, as train.py runs it."), "",
+                "ops/loss/'s chunked head and cross-entropy, as train.py runs it."), "",
              f"MFU: model FLOPs/s ÷ the datasheet bf16 peak ({fmt_tflops(env.get('peak_flops'))}) and ÷ a large bf16 "
              f"GEMM's measured rate ({fmt_tflops(env.get('gemm_flops'))}). ÷ peer: against the peer in the same mode.",
              "", "| config | backend | mode | params | tokens/s | ÷ peer | MFU datasheet | MFU GEMM | step ms | peak GB | "
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    f"{DEFAULT_OUT})")
     p.add_argument("--logits", action="store_true",
                    help="our rows compute the loss through the whole logits (PyTorch's head + cross-entropy), as "
-                        "before model/loss.py; for A/B runs of memory and speed")
+                        "before ops/loss/; for A/B runs of memory and speed")
     p.add_argument("--modes", help="comma-separated: eager, compiled, graphed (default: eager and compiled on a GPU, "
                                    "eager on a CPU)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile's backend for compiled rows")

@@ -27,21 +27,15 @@ def test_rows_eager_and_compiled_and_the_report(tmp_path):
     assert (tmp_path / "throughput.png").stat().st_size > 0
 
 
-def test_checkpointing_rows_are_labelled_and_bad_modes_refused(tmp_path):
-    rows = main(["--configs", "configs/smoke.yaml", "--backends", "naive", "--no-peer", "--batch", "2",
-                 "--seq-len", "32", "--warmup", "0", "--steps", "1", "--modes", "eager", "--checkpointing", "full",
-                 "--out", str(tmp_path)])
-    assert [(r["status"], r["checkpointing"]) for r in rows] == [("ok", "full")], rows
-    assert "| smoke | naive | eager, ckpt full | 0.2M |" in (tmp_path / "throughput.md").read_text()
-    with pytest.raises(SystemExit):
-        main(["--configs", "configs/smoke.yaml", "--checkpointing", "some", "--out", str(tmp_path)])
-
-
-def test_block_scope_compiled_row_is_labelled(tmp_path):
+def test_block_scope_and_checkpointing_rows_are_labelled_and_bad_modes_refused(tmp_path):
+    """One row compiled block by block with activation checkpointing: both settings in its label."""
     rows = main(["--configs", "configs/smoke.yaml", "--backends", "naive", "--no-peer", "--batch", "2",
                  "--seq-len", "32", "--warmup", "0", "--steps", "1", "--modes", "compiled", "--compile-scope", "blocks",
-                 "--compile-backend", "aot_eager_decomp_partition", "--out", str(tmp_path)])
-    assert [(r["status"], r["mode"]) for r in rows] == [("ok", "compiled (blocks)")], rows
+                 "--compile-backend", "aot_eager_decomp_partition", "--checkpointing", "full", "--out", str(tmp_path)])
+    assert [(r["status"], r["mode"], r["checkpointing"]) for r in rows] == [("ok", "compiled (blocks)", "full")], rows
+    assert "| smoke | naive | compiled (blocks), ckpt full | 0.2M |" in (tmp_path / "throughput.md").read_text()
+    with pytest.raises(SystemExit):
+        main(["--configs", "configs/smoke.yaml", "--checkpointing", "some", "--out", str(tmp_path)])
 
 
 def test_unavailable_backend_is_a_row_with_the_reason(tmp_path):

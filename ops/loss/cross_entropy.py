@@ -1,5 +1,5 @@
-"""One Triton kernel for a chunk of the LM loss (model/loss.py): per row of the logits z (the head GEMM's output,
-in its dtype), logsumexp, the loss term and, in place of z, the gradient (softmax − onehot)·scale.
+"""One Triton kernel for a chunk of the LM loss (ops/loss/linear_cross_entropy.py): per row of the logits z (the head
+GEMM's output, in its dtype), logsumexp, the loss term and, in place of z, the gradient (softmax − onehot)·scale.
 
     lse_i = log Σ_{j<V} exp z_ij;  loss_i = lse_i − z_i,y_i;  z_ij ← (exp(z_ij − lse_i) − [j = y_i]) · scale_i
 

@@ -1,6 +1,6 @@
-"""model/loss.py's chunked head + cross-entropy against PyTorch's F.linear + F.cross_entropy: the loss and the
-gradients of x and the head weight, over several ragged chunks, with ignored targets, without grad, and through
-the model (CausalLM with return_logits=False, as train.py calls it)."""
+"""ops/loss/linear_cross_entropy.py's chunked head + cross-entropy against PyTorch's F.linear + F.cross_entropy: the
+loss and the gradients of x and the head weight, over several ragged chunks, with ignored targets, without grad, and
+through the model (CausalLM with return_logits=False, as train.py calls it)."""
 from __future__ import annotations
 
 import dataclasses

@@ -32,9 +32,16 @@ def inputs(case, gate, scalar, dtype, device):
     return q, k, v, do, chunk_cumsum(g, C), h0, dht
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-@pytest.mark.parametrize("gate", list(GATES))
-@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+def split_cases() -> list:
+    """Every case × gate with a per-key decay; a scalar decay (another code path through the same kernels) on two
+    gates a case, rotating, so that each gate meets it on two or three cases (on a GPU: on every gate)."""
+    gates, gpu = list(GATES), torch.cuda.is_available()
+    return [pytest.param(case, gate, scalar, id=f"{case}-{gate}-{'scalar' if scalar else 'gk'}")
+            for i, case in enumerate(CASES) for j, gate in enumerate(gates)
+            for scalar in (False, True) if gpu or not scalar or j in (i % 4, (i + 2) % 4)]
+
+
+@pytest.mark.parametrize("case,gate,scalar", split_cases())
 def test_split_scan_equals_the_sequential_one(case, gate, scalar, device, poison_empty):
     C, S = case[5], case[6]
     q, k, v, do, b, h0, dht = inputs(case, gate, scalar, torch.float32, device)
@@ -46,10 +53,15 @@ def test_split_scan_equals_the_sequential_one(case, gate, scalar, device, poison
     assert rel_err(dh, dh_ref) < 1e-5 and rel_err(dh0, dh0_ref) < 1e-5
 
 
-@pytest.mark.parametrize("case", [CASES[1], (2, 40, 2, 8, 8, 64, 1)], ids=str)
-@pytest.mark.parametrize("gate", ["slow", "extreme"])
-@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
-@pytest.mark.parametrize("gdtype", [torch.float32, torch.bfloat16], ids=["g-fp32", "g-bf16"])
+# each case meets both gates and both decay dtypes, scalar and per-key decays paired with the dtypes the other
+# way round in the second case
+STEP_CASES = [pytest.param(case, gate, scalar, gdtype, id=f"{case}-{gate}-{'scalar' if scalar else 'gk'}-{name}")
+              for c, case in enumerate([CASES[1], (2, 40, 2, 8, 8, 64, 1)]) for gate in ("slow", "extreme")
+              for d, (name, gdtype) in enumerate([("g-fp32", torch.float32), ("g-bf16", torch.bfloat16)])
+              for scalar in [(d + c) % 2 == 1]]
+
+
+@pytest.mark.parametrize("case,gate,scalar,gdtype", STEP_CASES)
 def test_step_decays_take_the_cumsum_in_the_kernel(case, gate, scalar, gdtype, device, poison_empty):
     """step_decays: the per-step log-decays in any dtype, the chunk-local cumsum taken in registers (fp32).
     The same states as the scan given cumsum.py's cumsum of the same values, split or not; T < C included."""
@@ -71,9 +83,11 @@ def test_step_decays_take_the_cumsum_in_the_kernel(case, gate, scalar, gdtype, d
     assert rel_err(chunk_fwd_h(k, v, g.float(), h0, True, C)[1], ht_ref) > 1e-4
 
 
-@pytest.mark.parametrize("T, interval", [(300, 64), (64, 64), (50, 64), (129, 32)], ids=str)
-@pytest.mark.parametrize("gate", ["none", "extreme"])
-@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+# every length with both gates; per-key and scalar decays swap between the gates from one length to the next
+@pytest.mark.parametrize("T, interval, gate, scalar", [
+    pytest.param(T, interval, gate, (i + g) % 2 == 1, id=f"{T}-{interval}-{gate}-{'scalar' if (i + g) % 2 else 'gk'}")
+    for i, (T, interval) in enumerate([(300, 64), (64, 64), (50, 64), (129, 32)])
+    for g, gate in enumerate(["none", "extreme"])])
 def test_states_recomputed_from_kept_ones(T, interval, gate, scalar, device, poison_empty):
     """chunk_fwd_h_from: every chunk's state from those kept every `interval` rows (what fused GLA keeps at
     C = 256), equal to the sequential scan's. Kept states are the reference's, so each interval must start
