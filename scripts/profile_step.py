@@ -52,6 +52,7 @@ from utils.compile import compile_blocks  # noqa: E402
 from utils.cuda_graph import DDP_ENV, DDP_WARMUP, WARMUP, GraphedMicroBatch, ddp_capture  # noqa: E402
 from utils.profiling import analyse  # noqa: E402
 
+
 def parse_variant(text: str) -> dict:
     kind, *opts = text.split(":")
     if kind not in ("local", "ddp", "fsdp"):
