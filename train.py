@@ -320,9 +320,9 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                     x, y = x.pin_memory(), y.pin_memory()
                 sync = micro == tc.grad_accum - 1
                 with nullcontext() if sync else accelerator.no_sync(model):
-                    # one graph per kind of micro-batch: DDP's syncing ones launch the all-reduce too; on one
-                    # process a step's first micro-batch writes the gradients rather than adding them into zeros
-                    loss = graphed(x, y, key=sync if launched > 1 else None, first=micro == 0 and launched == 1) \
+                    # one graph per kind of micro-batch: DDP's syncing ones launch the all-reduce too; a step's
+                    # first micro-batch writes the gradients rather than adding them into zeros
+                    loss = graphed(x, y, key=sync if launched > 1 else None, first=micro == 0) \
                         if graphed else micro_step(*(t.to(device, non_blocking=True) for t in (x, y)), cu)
                 loss_sum += loss / tc.grad_accum
             write_row()           # the last logged step's row: this step is queued behind it, so the GPU keeps busy
@@ -332,10 +332,8 @@ def _main(argv: list[str] | None, stack: ExitStack) -> dict:
                 gnorm = gnorm.full_tensor()
             gnorm = torch.as_tensor(gnorm, device=device).detach().float()
             guard.step(optimizer, step + 1, loss_sum, gnorm)     # no update when the loss or the norm is not finite
-            if graphed is None:
+            if graphed is None:   # (a graphed step's first micro-batch writes the next step's gradients afresh)
                 optimizer.zero_grad(set_to_none=True)
-            elif launched > 1:      # DDP's graphs add into fixed buffers; one process's write the next step's afresh
-                optimizer.zero_grad(set_to_none=False)
             step += 1
             tokens_since += tokens_per_step
             interval_losses.append(loss_sum)

@@ -169,14 +169,12 @@ def profile_variant(v: dict, cfg, x: torch.Tensor, y: torch.Tensor, device: torc
     graphed = GraphedMicroBatch(forward_backward, list(module.parameters()), capture_after, stream) \
         if v["graph"] else None
 
-    write = v["kind"] != "ddp"        # as train.py: one process's graph writes the gradients, DDP's accumulate
-
     def step() -> None:
-        graphed(x, y, first=write) if graphed else forward_backward(x, y)
+        graphed(x, y, first=True) if graphed else forward_backward(x, y)     # as train.py: a graph writes .grad
         torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
-        if not (graphed and write):
-            opt.zero_grad(set_to_none=graphed is None)      # DDP's graph accumulates into fixed buffers
+        if not graphed:
+            opt.zero_grad(set_to_none=True)
 
     t0 = time.time()
     step()

@@ -4,6 +4,7 @@ backend, and a graphed train.py run equal to the plain one."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 
 import pytest
@@ -108,6 +109,47 @@ def test_replayed_micro_batches_equal_normal_ones(family, backend, write):
 
 
 @gpu
+@pytest.mark.parametrize("accum", [1, 3])
+def test_replays_bind_grad_as_the_captured_call_left_it(accum):
+    """A stand-in for DDP's reducer: a step's last micro-batch moves every gradient, halved, into a buffer of its
+    own and rebinds `.grad` to it. Replays run no Python, so the graph must rebind: after each step `.grad` is the
+    buffer holding this step's halved sum (the optimizer's view), and the next step's micro-batches add into what
+    its first one wrote, not into the buffer. Four steps, against the same calls without graphs (fp32, 1e-5)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(family="gla", vocab_size=61, n_layers=1, mlp_hidden=64, chunk_size=16, **TINY["gla"],
+                      backend="naive")
+    model = build_model(cfg).cuda()
+    params = list(model.parameters())
+    buckets = [torch.zeros_like(p) for p in params]
+
+    def run(x, y, sync):
+        _, loss = model(x, y, return_logits=False)
+        loss.backward()
+        if sync:
+            for p, b in zip(params, buckets):
+                torch.mul(p.grad, 0.5, out=b)
+                p.grad = b
+        return loss.detach()
+
+    steps = [[(torch.randint(0, 61, (2, 40)), torch.randint(0, 61, (2, 40))) for _ in range(accum)] for _ in range(4)]
+    want = []
+    for step in steps:
+        model.zero_grad(set_to_none=True)
+        for i, (x, y) in enumerate(step):
+            run(x.cuda(), y.cuda(), i == accum - 1)
+        want.append([p.grad.clone() for p in params])
+    graphed = GraphedMicroBatch(lambda x, y: run(x, y, graphed.sync), params, warmup=1)
+    for n, (step, ref) in enumerate(zip(steps, want)):
+        for i, (x, y) in enumerate(step):
+            graphed.sync = i == accum - 1
+            graphed(x, y, key=graphed.sync, first=i == 0)
+        assert all(p.grad is b for p, b in zip(params, buckets)), n
+        bad = {i: e for i, (p, g) in enumerate(zip(params, ref)) if not (e := rel_err(p.grad, g)) <= 1e-5}
+        assert not bad, (n, bad)
+    assert graphed.replays == 3 * accum           # steps 2-4: each kind captured at its second call
+
+
+@gpu
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
 def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing):
     """train.py on `fused` with accumulation 2, compiled block by block, without the graph and with it (`auto`):
@@ -143,10 +185,14 @@ def test_a_graphed_run_equals_the_plain_run_and_resumes(tmp_path, checkpointing)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP's captured all-reduce needs two CUDA GPUs")
-def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path):
-    """accelerate launch on two GPUs (DDP), accumulation 2, with and without graphs: the same losses step for step
-    (bf16 autocast; DDP's all-reduce inside the graph of the micro-batch that syncs, none in the no_sync one's), and
-    micro-batches replayed after DDP_WARMUP of each kind."""
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path, accum):
+    """accelerate launch on two GPUs (DDP), with and without graphs: the same losses and gradient norms step for
+    step (bf16 autocast; DDP's all-reduce inside the graph of the micro-batch that syncs, none in the no_sync one's;
+    each step's first micro-batch writes the gradients, which the reducer moves into its buckets), and micro-batches
+    replayed after DDP_WARMUP of each kind. The norm is of the all-reduced gradients the optimizer reads: a replay
+    that left `.grad` on a rank's own sum (twice the mean) or on the last step's would show there first. At
+    accumulation 1 one micro-batch both writes and syncs; at 2 the second adds into the first's before syncing."""
     import subprocess
     import sys
 
@@ -154,7 +200,7 @@ def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path):
     from utils.cuda_graph import DDP_WARMUP
 
     steps = DDP_WARMUP + 4
-    common = tiny(tmp_path, "x", "--backend", "fused", "--train.grad_accum=2", f"--train.max_steps={steps}",
+    common = tiny(tmp_path, "x", "--backend", "fused", f"--train.grad_accum={accum}", f"--train.max_steps={steps}",
                   "--train.eval_interval=0", "--train.ckpt_interval=0")
     out = {}
     for graphs_setting in ("false", "true"):
@@ -166,8 +212,16 @@ def test_two_gpus_under_ddp_with_graphs_equal_them_without(tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         out[graphs_setting] = p.stdout
     assert "DDP's all-reduce captured too" in out["true"]
-    assert f"CUDA graphs: {2 * (steps - DDP_WARMUP)} micro-batches replayed" in out["true"]
-    plain, graphed = (losses(tmp_path / "runs" / n)[0] for n in ("false", "true"))
+    replayed = (steps - DDP_WARMUP) if accum == 1 else 2 * (steps - DDP_WARMUP)
+    assert f"CUDA graphs: {replayed} micro-batches replayed" in out["true"]
+    plain, graphed = (rows(tmp_path / "runs" / n) for n in ("false", "true"))
     assert plain.keys() == graphed.keys() == set(range(1, steps + 1))
-    bad = {s: (plain[s], graphed[s]) for s in plain if not abs(plain[s] - graphed[s]) <= 1e-4 * abs(plain[s])}
+    bad = {s: (plain[s], graphed[s]) for s in plain
+           if not all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(plain[s], graphed[s]))}
     assert not bad, bad
+
+
+def rows(run_dir) -> dict[int, tuple[float, float]]:
+    """step → (loss, gradient norm) from a run's metrics.jsonl."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, lines) if "loss" in r}

@@ -13,9 +13,13 @@ What a graph requires of the step, and how it is met:
 - Fixed gradient buffers. A micro-batch that starts a step (`first`) writes its gradients rather than adding them:
   every `.grad` is set to None before it runs, so autograd hands each parameter the gradient tensor it made, which
   in a capture comes from the graph's pool and is rewritten in place by every replay. No pass zeroes the gradients
-  and none adds into zeros. The step's other micro-batches accumulate into those tensors. Where `first` is not used
-  (DDP, whose reducer keeps `.grad` as views into its buckets), every `.grad` exists before the capture and is
-  zeroed in place between steps (`zero_grad(set_to_none=False)`).
+  and none adds into zeros. The step's other micro-batches accumulate into those tensors. Under DDP the reducer of
+  a syncing micro-batch then copies each gradient, divided by the world size, into its bucket and rebinds `.grad`
+  to the bucket's view (one pass, where gradients kept in the buckets cost a zeroing, an add and a division). A
+  replay runs no Python, so after each one every `.grad` is bound again to the tensor it held when that graph was
+  captured: the optimizer reads the buckets, and the next micro-batch adds into what the first one wrote. Where
+  `first` is not used every `.grad` exists before the capture and is zeroed in place between steps
+  (`zero_grad(set_to_none=False)`).
 - Warm-up before capture: the first WARMUP micro-batches (DDP_WARMUP under DDP) run normally, on the capture
   stream. They compile the model, compile and autotune the Triton kernels and allocate cuBLAS's workspace, and let
   DDP's reducer settle its buckets; none of that may happen inside a capture.
@@ -87,6 +91,7 @@ class GraphedMicroBatch:
         self.calls: dict[Hashable, int] = {}
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self.losses: dict[Hashable, torch.Tensor] = {}
+        self.bound: dict[Hashable, list[torch.Tensor | None]] = {}     # each graph's `.grad` tensors after its capture
         self.replays, self.pool = 0, None
         self.writes = False         # whether some micro-batch has come with first=True
         self.stream = stream or torch.cuda.Stream()
@@ -119,6 +124,9 @@ class GraphedMicroBatch:
             return self._on_stream(lambda: self.run(self.x, self.y))
         self.graphs[key].replay()
         self.replays += 1
+        for p, g in zip(self.params, self.bound[key]):       # as the captured call left them (module docstring)
+            if p.grad is not g:
+                p.grad = g
         return self.losses[key].clone()        # the graph's own buffer is overwritten by the next replay
 
     def _on_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -143,6 +151,7 @@ class GraphedMicroBatch:
                 from e
         self.pool = self.pool or graph.pool()
         self.graphs[key] = graph
+        self.bound[key] = [p.grad for p in self.params]
 
     def release(self) -> None:
         """Frees the graphs and their memory pool once the GPU is idle. A graph that captured NCCL work must go before
@@ -152,6 +161,7 @@ class GraphedMicroBatch:
             graph.reset()
         self.graphs.clear()
         self.losses.clear()
+        self.bound.clear()
 
 
 @contextlib.contextmanager
