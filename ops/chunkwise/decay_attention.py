@@ -17,6 +17,8 @@ gradients hold 1e-5 relative at decays down to −50 per step (tests/ops/test_de
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
@@ -24,7 +26,7 @@ from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chu
 from ops.chunkwise.cumsum import chunk_cumsum, chunk_residual
 from ops.varlen import Documents
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.triton_utils import cdiv, tile
+from ops.triton_utils import cdiv, next_power_of_2, tile
 
 CHUNK_SIZES = (16, 32, 64, 128)
 
@@ -103,11 +105,28 @@ def _backward(ctx, do, dht, db, dh, dA):
 chunk_decay_fwd.register_autograd(_backward, setup_context=_setup)
 
 
+@triton.jit
+def expand_heads_kernel(x, y, n, HG, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """y[r, i, :] = x[r, :] for the rows r < n of x [n, D] and i < HG, y [n, HG, D] (both contiguous)."""
+    rows = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)[:, None]
+    cols = tl.arange(0, BD)[None, :]
+    m = (rows < n) & (cols < D)
+    v = tl.load(x + rows * D + cols, mask=m)
+    for i in range(HG):
+        tl.store(y + (rows * HG + i) * D + cols, v, mask=m)
+
+
 def expand_heads(x: torch.Tensor, H: int) -> torch.Tensor:
-    """[B, T, G, D] → [B, T, H, D], head h reading group h // (H / G) (Mamba-2's convention); the
-    tensor itself when G = H."""
-    G = x.shape[2]
-    return x if G == H else x.repeat_interleave(H // G, dim=2)
+    """[B, T, G, D] → [B, T, H, D] contiguous, head h reading group h // (H / G) (Mamba-2's convention); the
+    tensor itself when G = H. A kernel rather than repeat_interleave, whose strided copy runs at a quarter of
+    HBM bandwidth (at mamba2_370m, 32 heads of one group, 10 % of the training step)."""
+    B, T, G, D = x.shape
+    if G == H:
+        return x
+    y = torch.empty(B, T, H, D, device=x.device, dtype=x.dtype)
+    n, br = B * T * G, 16 if x.is_cuda else 4
+    expand_heads_kernel[(cdiv(n, br),)](x.contiguous(), y, n, H // G, D=D, BR=br, BD=next_power_of_2(D))
+    return y
 
 
 def sum_groups(dx: torch.Tensor, G: int) -> torch.Tensor:

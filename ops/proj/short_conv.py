@@ -3,18 +3,21 @@
     pre[b, t, c] = bias[c] + Σ_{j<W} w[c, j] · x[b, t − (W−1) + j, c]      (x = 0 before t = 0)
     y = silu(pre);  with head_dim: y ← y / max(‖y_head‖, eps) per group of head_dim channels (F.normalize)
 
-One forward kernel and one backward kernel, all math in fp32. x may be a column slice of a wider row-major
+One forward kernel and two backward kernels, all math in fp32. x may be a column slice of a wider row-major
 tensor (the fused projection chain runs this on its GEMM's output): any row and batch stride,
 unit channel stride. A program covers BT time rows × NH whole heads of HDP lanes (HDP = head_dim padded to
 a power of two, the padded lanes masked; without head_dim one "head" of BC channels). The W−1 halo rows
 before the block come from the W shifted loads of x (masked at t < 0; the overlap is served by L1/L2).
 
-Backward saves only x (and the weights) and recomputes the pre-activation. dx[t] = Σ_j w[c, j] ·
-dpre[t + (W−1) − j] needs dpre on the W−1 rows after the block, so the kernel recomputes pre, the norm and
-dpre once per shift s = 0..W−1 (again from x, cache-resident); dweight and dbias are per-program partial
-sums over the block's own rows, written to [programs, C, W] / [programs, C] fp32 buffers and summed in
-PyTorch (no atomics: deterministic). L2-norm backward per head, n = y / max(‖y‖, eps):
-dy = (dn − n (n·dn)) / ‖y‖ where ‖y‖ > eps, else dn / eps.
+Backward saves only x (and the weights) and recomputes the pre-activation. The first kernel forms dpre =
+∂loss/∂pre (pre, SiLU and the norm again from x) and writes it in fp32. Each of its programs walks a range of
+row tiles of its heads and accumulates dweight's and dbias's terms elementwise in registers, keeping each tile's W
+loads of x for them, and reduces over rows once at the end: per-program partial sums in [programs, C, W] /
+[programs, C] fp32 buffers, summed in PyTorch (no atomics: deterministic). (Reducing each tile's terms over its
+rows instead took 2.6× the kernel's time at mamba2_370m's layer on an H200.) The second kernel forms dx[t] = Σ_s w[c, W−1−s]
+· dpre[t + s], whose W−1 rows after each tile belong to the next tile: one kernel would have to form dpre W
+times. L2-norm backward per head, n = y / max(‖y‖, eps): dy = (dn − n (n·dn)) / ‖y‖ where ‖y‖ > eps, else
+dn / eps.
 
 The kernels are launched only from the operators chunkfuse::short_conv_fwd and chunkfuse::short_conv_bwd
 (ops/library.py), which torch.compile(fullgraph=True) traces as opaque calls: their fake implementations give
@@ -32,16 +35,20 @@ import triton.language as tl
 
 from ops import varlen
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.triton_utils import cdiv, next_power_of_2
+from ops.triton_utils import cdiv, next_power_of_2, sm_count
 
 EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py uses it
-MAX_WIDTH = 8
-# CUDA: ~8K fp32 elements per [BT, NH, HDP] tile over 8 warps, 32 per thread per operand (the backward
-# keeps ~6 live); the kernels are bound by HBM, so no autotuning (tiles untimed so far). Under
-# TRITON_INTERPRET=1 (CPU tests): BT = 8 and 16-channel blocks (or one head), so test sizes give several
-# programs and ragged edges in time and channels.
-CUDA_BT, CUDA_BC, CUDA_TILE, CUDA_WARPS = 64, 128, 8192, 8
+MAX_WIDTH = 4                   # the backward keeps one register tile per tap
+# CUDA: 2K fp32 elements per [BT, NH, HDP] tile over 4 warps (BT = 16 at 128 channels), 16 per thread per operand:
+# the backward's dpre kernel keeps ~12 such tiles live (W taps, W + 1 accumulators), and its programs take ~4 per
+# SM. The fastest of 2K–8K-element tiles on 4 or 8 warps for both kernels at the 340M layers (H200): the forward
+# 1.1–1.9× the 8K tiles on 8 warps; dpre at 8K elements on 4 warps, 16× slower. Under TRITON_INTERPRET=1 (CPU
+# tests): BT = 8 and 16-channel blocks (or one head), so test sizes give several programs and ragged edges in time
+# and channels, and dpre's programs walk several tiles each.
+CUDA_BT, CUDA_BC, CUDA_TILE, CUDA_WARPS = 64, 128, 2048, 4
 INTERPRET_BT, INTERPRET_BC = 8, 16
+# the backward's dx kernel: [rows, channels] tiles of the fp32 dpre (no heads)
+CUDA_DX_BT, CUDA_DX_BC, CUDA_DX_WARPS = 16, 256, 4
 
 
 @triton.jit
@@ -51,6 +58,23 @@ def _taps(pos, rows, T, HAS_POS: tl.constexpr):
     if HAS_POS:
         return tl.load(pos + rows, mask=rows < T, other=0)
     return rows
+
+
+@triton.jit
+def _tap(xb, rows, cols, cmask, T, sxt, at, s: tl.constexpr, W: tl.constexpr, HAS_POS: tl.constexpr):
+    """x[rows − s, cols] in fp32 [BT, NH, HDP], the tap that w[:, W−1−s] weighs: 0 before row 0, for taps s ≥ W,
+    and with packed documents (HAS_POS; at = each row's position in its document, _taps) before the document."""
+    src = rows - s
+    m = (src >= 0) & (src < T) & cmask & (s < W)
+    if HAS_POS:
+        m = m & (at >= s)
+    return tl.load(xb + src * sxt + cols, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _weight(w, cols, cmask, s: tl.constexpr, W: tl.constexpr):
+    """w[cols, W−1−s] in fp32 [1, NH, HDP], the weight of tap s (0 for s ≥ W)."""
+    return tl.load(w + cols * W + (W - 1 - s), mask=cmask & (s < W), other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -94,12 +118,10 @@ def short_conv_fwd_kernel(x, w, bias, y, T, C, sxb, sxt, eps, W: tl.constexpr, H
 
 
 @triton.jit
-def _dpre(x, w, bias, dy, xb, yb, rows, cols, cmask, T, C, sxt, eps, pos, W: tl.constexpr, HAS_BIAS: tl.constexpr,
-          NORM: tl.constexpr, HAS_POS: tl.constexpr):
-    """∂loss/∂pre at rows [BT, 1, 1] ≥ 0, recomputed from x; 0 at rows ≥ T and masked channels."""
-    pre = _pre(x, w, bias, xb, rows, cols, cmask, T, sxt, pos, W, HAS_BIAS, HAS_POS)
+def _dpre(pre, g, eps, NORM: tl.constexpr):
+    """∂loss/∂pre from pre and the incoming gradient g (both fp32 [BT, NH, HDP]; g = 0 on rows ≥ T and masked
+    channels, which gives 0 there)."""
     sg = tl.sigmoid(pre)
-    g = tl.load(yb + rows * C + cols, mask=(rows < T) & cmask, other=0.0).to(tl.float32)
     if NORM:
         out = pre * sg
         nrm = tl.sqrt(tl.sum(out * out, axis=2))[:, :, None]
@@ -111,38 +133,65 @@ def _dpre(x, w, bias, dy, xb, yb, rows, cols, cmask, T, C, sxt, eps, pos, W: tl.
 
 
 @triton.jit
-def short_conv_bwd_kernel(x, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps, W: tl.constexpr, HD: tl.constexpr,
-                          HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                          NORM: tl.constexpr, pos=None, HAS_POS: tl.constexpr = False):
-    """One program per (BT rows, NH heads, batch): dx[b, rows, cols] in dx's dtype, and this program's
-    partial sums dw[p, cols, :W], db[p, cols] (fp32) over its own rows, p = b·cdiv(T, BT) + pid_t.
-    HAS_POS: the forward's document masks, on every tap of dx and dw."""
-    pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
-    rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None, None]
+def short_conv_dpre_kernel(x, w, bias, dy, dp, dw, db, T, C, sxb, sxt, eps, NTS, W: tl.constexpr, HD: tl.constexpr,
+                           HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           NORM: tl.constexpr, pos=None, HAS_POS: tl.constexpr = False):
+    """One program per (NH heads, batch, split): dp[b, rows, cols] = dpre (fp32) on the NTS row tiles of BT rows
+    from tile split·NTS on, and this program's partial sums over those rows dw[p, cols, :W], db[p, cols] (fp32),
+    p = b·splits + split. W ≤ 4: each tap x[t − s] is loaded once, for pre and for dw[:, W−1−s]."""
+    pid_c, b, sp = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     lane2 = tl.arange(0, HDP)[None, :]
     cols2 = pid_c * (NH * HD) + tl.arange(0, NH)[:, None] * HD + lane2                   # [NH, HDP]
     cmask2 = (lane2 < HD) & (cols2 < C)
     cols, cmask = cols2[None, :, :], cmask2[None, :, :]
     xb, yb = x + b * sxb, dy + b * T * C
-    p = b * tl.num_programs(0) + pid_t
-    acc = tl.zeros([BT, NH, HDP], dtype=tl.float32)
-    for s in tl.static_range(W):                      # dpre at rows + s feeds dx[rows] through w[:, W−1−s]
-        dp = _dpre(x, w, bias, dy, xb, yb, rows + s, cols, cmask, T, C, sxt, eps, pos, W, HAS_BIAS, NORM, HAS_POS)
-        if HAS_POS:                                   # ... unless row + s lies less than s into its document
-            dp_x = tl.where(_taps(pos, rows + s, T, HAS_POS) >= s, dp, 0.0)
-        else:
-            dp_x = dp
-        acc += tl.load(w + cols * W + (W - 1 - s), mask=cmask, other=0.0).to(tl.float32) * dp_x
-        if s == 0:                                    # the block's own rows: this program's dw, db terms
-            if HAS_BIAS:
-                tl.store(db + p * C + cols2, tl.sum(dp, axis=0), mask=cmask2)
-            for j in tl.static_range(W):
-                src = rows - (W - 1) + j
-                m = (src >= 0) & (src < T) & cmask
-                if HAS_POS:
-                    m = m & (_taps(pos, rows, T, HAS_POS) >= W - 1 - j)
-                xv = tl.load(xb + src * sxt + cols, mask=m, other=0.0)
-                tl.store(dw + (p * C + cols2) * W + j, tl.sum(dp * xv.to(tl.float32), axis=0), mask=cmask2)
+    w0, w1, w2, w3 = (_weight(w, cols, cmask, 0, W), _weight(w, cols, cmask, 1, W), _weight(w, cols, cmask, 2, W),
+                      _weight(w, cols, cmask, 3, W))
+    zero = tl.zeros([BT, NH, HDP], dtype=tl.float32)
+    a0, a1, a2, a3, ab = zero, zero, zero, zero, zero
+    base = zero + tl.load(bias + cols, mask=cmask, other=0.0).to(tl.float32) if HAS_BIAS else zero
+    for it in range(sp * NTS, tl.minimum(sp * NTS + NTS, tl.cdiv(T, BT))):
+        rows = (it * BT + tl.arange(0, BT)).to(tl.int64)[:, None, None]
+        at = _taps(pos, rows, T, HAS_POS)
+        x0 = _tap(xb, rows, cols, cmask, T, sxt, at, 0, W, HAS_POS)
+        x1 = _tap(xb, rows, cols, cmask, T, sxt, at, 1, W, HAS_POS)
+        x2 = _tap(xb, rows, cols, cmask, T, sxt, at, 2, W, HAS_POS)
+        x3 = _tap(xb, rows, cols, cmask, T, sxt, at, 3, W, HAS_POS)
+        g = tl.load(yb + rows * C + cols, mask=(rows < T) & cmask, other=0.0).to(tl.float32)
+        d = _dpre(base + w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3, g, eps, NORM)
+        tl.store(dp + (b * T + rows) * C + cols, d, mask=(rows < T) & cmask)
+        a0 += d * x0
+        a1 += d * x1
+        a2 += d * x2
+        a3 += d * x3
+        ab += d
+    p = b * tl.num_programs(2) + sp
+    if HAS_BIAS:
+        tl.store(db + p * C + cols2, tl.sum(ab, axis=0), mask=cmask2)
+    dwp = dw + (p * C + cols2) * W + (W - 1)                  # dw[p, cols, W−1−s] = Σ_t dpre · tap s
+    tl.store(dwp, tl.sum(a0, axis=0), mask=cmask2)
+    tl.store(dwp - 1, tl.sum(a1, axis=0), mask=cmask2 & (W > 1))
+    tl.store(dwp - 2, tl.sum(a2, axis=0), mask=cmask2 & (W > 2))
+    tl.store(dwp - 3, tl.sum(a3, axis=0), mask=cmask2 & (W > 3))
+
+
+@triton.jit
+def short_conv_dx_kernel(dp, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, pos=None,
+                         HAS_POS: tl.constexpr = False):
+    """One program per (BT rows, BC channels, batch): dx[b, rows, cols] = Σ_s w[cols, W−1−s] · dp[b, rows + s,
+    cols] in dx's dtype; HAS_POS: tap s only where row + s lies at least s into its document."""
+    pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None]
+    cols = pid_c * BC + tl.arange(0, BC)[None, :]
+    cmask = cols < C
+    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    for s in tl.static_range(W):
+        r = rows + s
+        m = (r < T) & cmask
+        if HAS_POS:
+            m = m & (_taps(pos, r, T, HAS_POS) >= s)
+        d = tl.load(dp + (b * T + r) * C + cols, mask=m, other=0.0)
+        acc += tl.load(w + cols * W + (W - 1 - s), mask=cmask, other=0.0).to(tl.float32) * d
     tl.store(dx + (b * T + rows) * C + cols, acc.to(dx.dtype.element_ty), mask=(rows < T) & cmask)
 
 
@@ -202,18 +251,29 @@ def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
                    head_dim: int | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy [B, T, C]; x, weight, bias as short_conv_fwd's (x as saved: the forward's strided input) → dx [B, T, C]
     in x's dtype, dweight [C, W] in weight's, dbias (C,) in bias's (0 elements without a bias), all contiguous.
-    The pre-activation is recomputed from x; dweight and dbias are the fp32 per-program partial sums, summed here."""
+    The pre-activation is recomputed from x into an fp32 dpre [B, T, C] (transient); dweight and dbias are the fp32
+    per-program partial sums, summed here."""
     B, T, C = x.shape
     W = weight.shape[1]
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
     nt = cdiv(T, tiles["BT"])
-    dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
-    dw = torch.empty(B * nt, C, W, device=x.device, dtype=torch.float32)       # every program writes its row
-    db = torch.empty(B * nt, C, device=x.device, dtype=torch.float32) if bias is not None else dw
+    # ~4 programs per SM (2 per (heads, batch) under the interpreter), each walking per ≥ 1 row tiles
+    programs = 4 * sm_count(x.device) if x.is_cuda else 2 * nc * B
+    per = cdiv(nt, min(nt, cdiv(programs, nc * B)))
+    splits = cdiv(nt, per)
+    dp = torch.empty(B, T, C, device=x.device, dtype=torch.float32)
+    dw = torch.empty(B * splits, C, W, device=x.device, dtype=torch.float32)   # every program writes its row
+    db = torch.empty(B * splits, C, device=x.device, dtype=torch.float32) if bias is not None else dw
     warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
-    short_conv_bwd_kernel[(nt, nc, B)](x, weight, weight if bias is None else bias, dy.contiguous(), dx, dw, db,
-                                       T, C, x.stride(0), x.stride(1), EPS, W=W, HAS_BIAS=bias is not None,
-                                       NORM=head_dim is not None, **tiles, **warps, **_pos_args(pos))
+    short_conv_dpre_kernel[(nc, B, splits)](x, weight, weight if bias is None else bias, dy.contiguous(), dp, dw,
+                                            db, T, C, x.stride(0), x.stride(1), EPS, per, W=W,
+                                            HAS_BIAS=bias is not None, NORM=head_dim is not None, **tiles,
+                                            **warps, **_pos_args(pos))
+    dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
+    bt, bc = (CUDA_DX_BT, CUDA_DX_BC) if x.is_cuda else (INTERPRET_BT, INTERPRET_BC)
+    warps = dict(num_warps=CUDA_DX_WARPS) if x.is_cuda else {}
+    short_conv_dx_kernel[(cdiv(T, bt), cdiv(C, bc), B)](dp, weight, dx, T, C, W=W, BT=bt, BC=bc, **warps,
+                                                        **_pos_args(pos))
     dbias = db.sum(0).to(bias.dtype) if bias is not None else absent(weight)
     return dx, dw.sum(0).to(weight.dtype), dbias
 
@@ -262,7 +322,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """x: [B, T, C], may be a column slice of a wider row-major tensor (x.stride(-1) == 1, any row stride
     x.stride(1); batch stride x.stride(0)); weight: [C, W] (nn.Conv1d's [C, 1, W] squeezed; [C, 1, W] is
-    accepted too), any W ≤ 8; bias (C,) or None. Returns silu(causal_conv(x)) as a contiguous [B, T, C]
+    accepted too), any W ≤ 4; bias (C,) or None. Returns silu(causal_conv(x)) as a contiguous [B, T, C]
     tensor in out_dtype (default x.dtype); with head_dim (any divisor of C; padded to a power of two inside
     the kernels), each group of head_dim channels is then L2-normalised like F.normalize(eps=1e-6):
     y / max(‖y‖, eps). All math in fp32. Gradients: dx [B, T, C] in x's dtype, dweight, dbias in theirs.
@@ -275,7 +335,9 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
     if weight.dim() != 2 or weight.shape[0] != C or not 1 <= weight.shape[1] <= MAX_WIDTH:
-        raise ValueError(f"short_conv: weight must be [C={C}, W] with 1 ≤ W ≤ {MAX_WIDTH}, got {tuple(weight.shape)}")
+        raise ValueError(f"short_conv: weight must be [C={C}, W] with 1 ≤ W ≤ {MAX_WIDTH} (the fused kernels' widths; "
+                         f"model.conv_size), got {tuple(weight.shape)}; a wider conv runs on the unfused projection "
+                         "chain: --fuse without proj, or --backend chunk")
     if bias is not None and bias.shape != (C,):
         raise ValueError(f"short_conv: bias must be [C={C}], got {tuple(bias.shape)}")
     if head_dim is not None and (head_dim < 1 or C % head_dim):

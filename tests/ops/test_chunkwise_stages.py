@@ -15,6 +15,7 @@ from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intr
 from ops.chunkwise.output import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref, chunk_fwd_o_scalar)
 from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_ref
+from ops.chunkwise.decay_attention import expand_heads
 from tests.helpers import rel_err
 
 # B, T, H, K, V, C: ragged T, T < C, several K tiles (K = 140) and V tiles (V = 140)
@@ -73,3 +74,13 @@ def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     ref = chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dqi, dki, scale, C)
     for name, x, y in zip(("dq", "dk", "db"), got, ref):
         assert rel_err(x, y) < tol, name
+
+
+@pytest.mark.parametrize("B,T,G,H,D", [(2, 7, 1, 4, 12), (1, 33, 2, 6, 16), (1, 5, 3, 9, 8)])
+def test_expand_heads_copies_each_group_to_its_heads(B, T, G, H, D, device):
+    """expand_heads' kernel against repeat_interleave: ragged rows, D not a power of two, 1-3 groups, and G = H
+    (no copy). The input is a strided slice, as Mamba-2's B and C are."""
+    x = torch.randn(B, T, G, 2 * D, device=device)[..., :D]
+    y = expand_heads(x, H)
+    assert y.is_contiguous() and torch.equal(y, x.repeat_interleave(H // G, dim=2))
+    assert expand_heads(x, G) is x

@@ -130,8 +130,8 @@ def test_rejects_bad_arguments(device):
     x, w = torch.randn(1, 4, 32, device=device), torch.randn(32, 4, device=device)
     with pytest.raises(ValueError, match="unit channel stride"):
         short_conv(x.transpose(1, 2).contiguous().transpose(1, 2), w)
-    with pytest.raises(ValueError, match="W ≤ 8"):
-        short_conv(x, torch.randn(32, 9, device=device))
+    with pytest.raises(ValueError, match="W ≤ 4 .*--fuse without proj"):
+        short_conv(x, torch.randn(32, 5, device=device))
     with pytest.raises(ValueError, match="head_dim 12 must divide"):
         short_conv(x, w, head_dim=12)
     with pytest.raises(ValueError, match="bias must be"):

@@ -76,10 +76,13 @@ KERNELS = {
         {"x": BF16, "w": F32, "bias": F32, "y": BF16}, ("T", "C", "sxb", "sxt"), ("eps",),
         {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True, "pos": None,
          "HAS_POS": False}),
-    "ops.proj.short_conv.short_conv_bwd_kernel": (
-        {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dx": BF16, "dw": F32, "db": F32},
-        ("T", "C", "sxb", "sxt"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
+    "ops.proj.short_conv.short_conv_dpre_kernel": (
+        {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dp": F32, "dw": F32, "db": F32},
+        ("T", "C", "sxb", "sxt", "NTS"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
                                               "NORM": True, "pos": None, "HAS_POS": False}),
+    "ops.proj.short_conv.short_conv_dx_kernel": (
+        {"dp": F32, "w": F32, "dx": BF16}, ("T", "C"), (), {"W": 4, "BT": 16, "BC": 64, "pos": None,
+                                                           "HAS_POS": False}),
 }
 
 
@@ -93,7 +96,8 @@ def _with_docs(name: str, ptrs: dict, consts: dict, base: tuple | None = None) -
 
 _with_docs("ops.gla.scan.fused_scan_fwd_kernel", {"reset": "*i32"}, {})
 _with_docs("ops.proj.short_conv.short_conv_fwd_kernel", {"pos": "*i64"}, {})
-_with_docs("ops.proj.short_conv.short_conv_bwd_kernel", {"pos": "*i64"}, {})
+_with_docs("ops.proj.short_conv.short_conv_dpre_kernel", {"pos": "*i64"}, {})
+_with_docs("ops.proj.short_conv.short_conv_dx_kernel", {"pos": "*i64"}, {})
 # the state scan's kernels, with per-step (STEP, bf16) and cumulative (fp32) decays; '#' names a variant
 _STATE = {"S": 2, "H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "PREC": "tf32"}
 for _scalar, _step in [(False, True), (True, True), (False, False), (True, False)]:
