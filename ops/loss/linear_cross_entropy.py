@@ -76,8 +76,8 @@ def linear_cross_entropy_fwd(x: torch.Tensor, weight: torch.Tensor, targets: tor
     count = valid.sum().clamp_min(1)
     loss = torch.zeros((), device=x.device, dtype=torch.float32)
     dx = torch.empty(x.shape, device=x.device, dtype=dtype) if want_grad else absent(x)
-    # dW over the padded rows too (the padding's gradient columns are 0): at the odd row count cuBLASLt runs this fp32-out
-    # GEMM on an sm80 CUTLASS kernel, 1.45–1.66× the padded GEMM's time on an H200; the view [:V] is contiguous
+    # dW over the padded rows too (the padding's gradient columns are 0): at the odd row count cuBLASLt runs this
+    # fp32-out GEMM on an sm80 CUTLASS kernel, 1.45–1.66× the padded GEMM's time on an H200; dw[:V] is contiguous
     dw = torch.zeros(Vp, d, device=x.device, dtype=torch.float32) if want_grad else absent(x)
     inv = (1.0 / count).float().reshape(1)
     # the autocast dispatch key falls through an operator, but its state is still on in the body: off for the GEMMs

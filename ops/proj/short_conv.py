@@ -14,10 +14,10 @@ Backward saves only x (and the weights) and recomputes the pre-activation. The f
 row tiles of its heads and accumulates dweight's and dbias's terms elementwise in registers, keeping each tile's W
 loads of x for them, and reduces over rows once at the end: per-program partial sums in [programs, C, W] /
 [programs, C] fp32 buffers, summed in PyTorch (no atomics: deterministic). (Reducing each tile's terms over its
-rows instead took 2.6× the kernel's time at mamba2_370m's layer on an H200.) The second kernel forms dx[t] = Σ_s w[c, W−1−s]
-· dpre[t + s], whose W−1 rows after each tile belong to the next tile: one kernel would have to form dpre W
-times. L2-norm backward per head, n = y / max(‖y‖, eps): dy = (dn − n (n·dn)) / ‖y‖ where ‖y‖ > eps, else
-dn / eps.
+rows instead took 2.6× the kernel's time at mamba2_370m's layer on an H200.) The second kernel forms
+dx[t] = Σ_s w[c, W−1−s] · dpre[t + s], whose W−1 rows after each tile belong to the next tile: one kernel would
+have to form dpre W times. L2-norm backward per head, n = y / max(‖y‖, eps): dy = (dn − n (n·dn)) / ‖y‖ where
+‖y‖ > eps, else dn / eps.
 
 The kernels are launched only from the operators chunkfuse::short_conv_fwd and chunkfuse::short_conv_bwd
 (ops/library.py), which torch.compile(fullgraph=True) traces as opaque calls: their fake implementations give
@@ -41,10 +41,10 @@ EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py 
 MAX_WIDTH = 4                   # the backward keeps one register tile per tap
 # CUDA: 2K fp32 elements per [BT, NH, HDP] tile over 4 warps (BT = 16 at 128 channels), 16 per thread per operand:
 # the backward's dpre kernel keeps ~12 such tiles live (W taps, W + 1 accumulators), and its programs take ~4 per
-# SM. The fastest of 2K–8K-element tiles on 4 or 8 warps for both kernels at the 340M layers (H200): the forward
-# 1.1–1.9× the 8K tiles on 8 warps; dpre at 8K elements on 4 warps, 16× slower. Under TRITON_INTERPRET=1 (CPU
-# tests): BT = 8 and 16-channel blocks (or one head), so test sizes give several programs and ragged edges in time
-# and channels, and dpre's programs walk several tiles each.
+# SM. Of 2K–8K-element tiles on 4 or 8 warps, the fastest for dpre at the 340M layers and for the forward at
+# Mamba-2's (H200): the forward there 1.9× the 8K tiles on 8 warps, dpre on 8K-element tiles 16× slower. Under
+# TRITON_INTERPRET=1 (CPU tests): BT = 8 and 16-channel blocks (or one head), so test sizes give several programs
+# and ragged edges in time and channels, and dpre's programs walk several tiles each.
 CUDA_BT, CUDA_BC, CUDA_TILE, CUDA_WARPS = 64, 128, 2048, 4
 INTERPRET_BT, INTERPRET_BC = 8, 16
 # the backward's dx kernel: [rows, channels] tiles of the fp32 dpre (no heads)
@@ -335,9 +335,9 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
     if weight.dim() != 2 or weight.shape[0] != C or not 1 <= weight.shape[1] <= MAX_WIDTH:
-        raise ValueError(f"short_conv: weight must be [C={C}, W] with 1 ≤ W ≤ {MAX_WIDTH} (the fused kernels' widths; "
-                         f"model.conv_size), got {tuple(weight.shape)}; a wider conv runs on the unfused projection "
-                         "chain: --fuse without proj, or --backend chunk")
+        raise ValueError(f"short_conv: weight must be [C={C}, W] with 1 ≤ W ≤ {MAX_WIDTH} (the fused kernels' "
+                         f"widths; model.conv_size), got {tuple(weight.shape)}; a wider conv runs on the unfused "
+                         "projection chain: --fuse without proj, or --backend chunk")
     if bias is not None and bias.shape != (C,):
         raise ValueError(f"short_conv: bias must be [C={C}], got {tuple(bias.shape)}")
     if head_dim is not None and (head_dim < 1 or C % head_dim):
