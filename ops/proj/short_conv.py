@@ -257,7 +257,7 @@ def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
     W = weight.shape[1]
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
     nt = cdiv(T, tiles["BT"])
-    # ~4 programs per SM (2 per (heads, batch) under the interpreter), each walking per ≥ 1 row tiles
+    # ~4 programs per SM (2 per (heads, batch) under the interpreter), each walking `per` ≥ 1 row tiles
     programs = 4 * sm_count(x.device) if x.is_cuda else 2 * nc * B
     per = cdiv(nt, min(nt, cdiv(programs, nc * B)))
     splits = cdiv(nt, per)
