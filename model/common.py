@@ -29,17 +29,19 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(x W_gate) ⊙ x W_up), with gate and up as one GEMM."""
+    """down(silu(x W_gate) ⊙ x W_up), with gate and up as one GEMM; the elementwise middle is the `swiglu` op,
+    fused where cfg fuses the `proj` component (resolve_proj), else PyTorch's chain."""
 
-    def __init__(self, d: int, hidden: int):
+    def __init__(self, cfg: ModelConfig, d: int, hidden: int):
         super().__init__()
         self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, d, bias=False)
         self.down.residual_out = True
+        self.swiglu, self.swiglu_backend = resolve_proj(cfg, "swiglu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        """x [..., d] → [..., d]; gate_up's output [..., 2·hidden] is [gate | up]."""
+        return self.down(self.swiglu(self.gate_up(x)))
 
 
 class Block(nn.Module):
@@ -116,7 +118,7 @@ def resolve_op(cfg: ModelConfig, op: str, has_proj: bool = False) -> tuple[Calla
 
 
 def resolve_proj(cfg: ModelConfig, op: str) -> tuple[Callable, str]:
-    """A layer-level projection-chain op (proj_in, gdn_proj_in, mamba2_proj_in, proj_out): its `fused`
+    """A layer-level projection-chain op (proj_in, gdn_proj_in, mamba2_proj_in, proj_out, swiglu): its `fused`
     backend where cfg asks for the `proj` component (--backend fused with no --fuse, or proj among --fuse's
     components), else its `naive` one (the plain PyTorch chain); with the label the run log records."""
     fuse = parse_fuse(cfg.fuse)
@@ -150,7 +152,7 @@ class CausalLM(nn.Module):
                  norm: Callable[[], nn.Module] | None = None, learned_positions: bool = False):
         super().__init__()
         self.cfg = cfg
-        make_mlp = make_mlp or (lambda c: SwiGLU(c.d_model, c.swiglu_hidden()))
+        make_mlp = make_mlp or (lambda c: SwiGLU(c, c.d_model, c.swiglu_hidden()))
         norm = norm or (lambda: RMSNorm(cfg.d_model, cfg.norm_eps))
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if learned_positions else None

@@ -105,4 +105,4 @@ class Mamba2Mixer(nn.Module):
 
 def build(cfg: ModelConfig) -> CausalLM:
     # Mamba-2 LMs have no MLP; model.mlp_hidden > 0 adds a SwiGLU after each mixer
-    return CausalLM(cfg, Mamba2Mixer, make_mlp=lambda c: SwiGLU(c.d_model, c.mlp_hidden) if c.mlp_hidden else None)
+    return CausalLM(cfg, Mamba2Mixer, make_mlp=lambda c: SwiGLU(c, c.d_model, c.mlp_hidden) if c.mlp_hidden else None)

@@ -56,6 +56,9 @@ KERNELS = {
     "ops.proj_out.kernels.gate_bwd_kernel": (
         {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
         ("R", "RS"), ("eps",), {"H": 2, "V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
+    "ops.swiglu.kernels.swiglu_fwd_kernel": ({"gu": BF16, "h": BF16}, ("M", "F", "S"), (), {"BR": 16, "BF": 64}),
+    "ops.swiglu.kernels.swiglu_bwd_kernel": (
+        {"gu": BF16, "dh": BF16, "dgu": BF16}, ("M", "F", "S"), (), {"BR": 16, "BF": 64}),
     "ops.gla.scan.fused_scan_fwd_kernel": (
         {"q": BF16, "k": BF16, "v": BF16, "g": F32, "o": BF16, "b": F32, "h": BF16, "h0": F32, "ht": F32},
         ("T", "NT"), ("scale",), {"H": 2, "K": 32, "V": 32, "BT": 32, "NS": 4, "BK": 32, "BV": 32,
