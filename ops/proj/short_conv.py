@@ -10,11 +10,13 @@ a power of two, the padded lanes masked; without head_dim one "head" of BC chann
 before the block come from the W shifted loads of x (masked at t < 0; the overlap is served by L1/L2).
 
 Backward saves only x (and the weights) and recomputes the pre-activation. The first kernel forms dpre =
-∂loss/∂pre (pre, SiLU and the norm again from x) and writes it in fp32. Each of its programs walks a range of
-row tiles of its heads and accumulates dweight's and dbias's terms elementwise in registers, keeping each tile's W
-loads of x for them, and reduces over rows once at the end: per-program partial sums in [programs, C, W] /
-[programs, C] fp32 buffers, summed in PyTorch (no atomics: deterministic). (Reducing each tile's terms over its
-rows instead took 2.6× the kernel's time at mamba2_370m's layer on an H200.) The second kernel forms
+∂loss/∂pre (pre, SiLU and the norm again from x) and writes it in x's dtype: in bf16 training that is the
+rounding PyTorch's unfused chain gives its own dpre, and dx, a sum of W of them, is rounded to bf16 anyway; dweight
+and dbias are formed from the fp32 value before the rounding. Each of its programs walks a range of row tiles of
+its heads and accumulates dweight's and dbias's terms elementwise in registers, keeping each tile's W loads of x for
+them, and reduces over rows once at the end: per-program partial sums in [programs, C, W] / [programs, C] fp32
+buffers, summed in PyTorch (no atomics: deterministic). (Reducing each tile's terms over its rows instead took 2.6×
+the kernel's time at mamba2_370m's layer on an H200.) The second kernel forms
 dx[t] = Σ_s w[c, W−1−s] · dpre[t + s], whose W−1 rows after each tile belong to the next tile: one kernel would
 have to form dpre W times. L2-norm backward per head, n = y / max(‖y‖, eps): dy = (dn − n (n·dn)) / ‖y‖ where
 ‖y‖ > eps, else dn / eps.
@@ -46,8 +48,9 @@ MAX_WIDTH = 4                   # the backward keeps one register tile per tap
 # TRITON_INTERPRET=1 (CPU tests): BT = 8 and 16-channel blocks (or one head), so test sizes give several programs
 # and ragged edges in time and channels, and dpre's programs walk several tiles each.
 CUDA_BT, CUDA_BC, CUDA_TILE, CUDA_WARPS = 64, 128, 2048, 4
+CUDA_PROGRAMS_PER_SM = 4       # dpre's grid: programs per SM, each walking a range of row tiles
 INTERPRET_BT, INTERPRET_BC = 8, 16
-# the backward's dx kernel: [rows, channels] tiles of the fp32 dpre (no heads)
+# the backward's dx kernel: [rows, channels] tiles of dpre (no heads)
 CUDA_DX_BT, CUDA_DX_BC, CUDA_DX_WARPS = 16, 256, 4
 
 
@@ -136,9 +139,10 @@ def _dpre(pre, g, eps, NORM: tl.constexpr):
 def short_conv_dpre_kernel(x, w, bias, dy, dp, dw, db, T, C, sxb, sxt, eps, NTS, W: tl.constexpr, HD: tl.constexpr,
                            HDP: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, HAS_BIAS: tl.constexpr,
                            NORM: tl.constexpr, pos=None, HAS_POS: tl.constexpr = False):
-    """One program per (NH heads, batch, split): dp[b, rows, cols] = dpre (fp32) on the NTS row tiles of BT rows
-    from tile split·NTS on, and this program's partial sums over those rows dw[p, cols, :W], db[p, cols] (fp32),
-    p = b·splits + split. W ≤ 4: each tap x[t − s] is loaded once, for pre and for dw[:, W−1−s]."""
+    """One program per (NH heads, batch, split): dp[b, rows, cols] = dpre (in dp's dtype) on the NTS row tiles of
+    BT rows from tile split·NTS on, and this program's partial sums over those rows dw[p, cols, :W], db[p, cols]
+    (fp32, from the unrounded dpre), p = b·splits + split. W ≤ 4: each tap x[t − s] is loaded once, for pre and for
+    dw[:, W−1−s]."""
     pid_c, b, sp = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     lane2 = tl.arange(0, HDP)[None, :]
     cols2 = pid_c * (NH * HD) + tl.arange(0, NH)[:, None] * HD + lane2                   # [NH, HDP]
@@ -251,17 +255,17 @@ def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
                    head_dim: int | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy [B, T, C]; x, weight, bias as short_conv_fwd's (x as saved: the forward's strided input) → dx [B, T, C]
     in x's dtype, dweight [C, W] in weight's, dbias (C,) in bias's (0 elements without a bias), all contiguous.
-    The pre-activation is recomputed from x into an fp32 dpre [B, T, C] (transient); dweight and dbias are the fp32
-    per-program partial sums, summed here."""
+    The pre-activation is recomputed from x into a dpre [B, T, C] in x's dtype (transient); dweight and dbias are
+    the fp32 per-program partial sums, summed here."""
     B, T, C = x.shape
     W = weight.shape[1]
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
     nt = cdiv(T, tiles["BT"])
-    # ~4 programs per SM (2 per (heads, batch) under the interpreter), each walking `per` ≥ 1 row tiles
-    programs = 4 * sm_count(x.device) if x.is_cuda else 2 * nc * B
+    # CUDA_PROGRAMS_PER_SM programs per SM (2 per (heads, batch) under the interpreter), each walking `per` ≥ 1 tiles
+    programs = CUDA_PROGRAMS_PER_SM * sm_count(x.device) if x.is_cuda else 2 * nc * B
     per = cdiv(nt, min(nt, cdiv(programs, nc * B)))
     splits = cdiv(nt, per)
-    dp = torch.empty(B, T, C, device=x.device, dtype=torch.float32)
+    dp = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
     dw = torch.empty(B * splits, C, W, device=x.device, dtype=torch.float32)   # every program writes its row
     db = torch.empty(B * splits, C, device=x.device, dtype=torch.float32) if bias is not None else dw
     warps = dict(num_warps=CUDA_WARPS) if x.is_cuda else {}
