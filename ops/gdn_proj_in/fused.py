@@ -3,19 +3,21 @@
     q, k = L2norm_head(SiLU(conv4(x W_{q,k}ᵀ))),   v = SiLU(conv4(x W_vᵀ)),   r = x W_rᵀ
     β = sigmoid(x W_βᵀ),   g = −exp(A_log) · softplus(x W_aᵀ + dt_bias)
 
-One cuBLAS GEMM x [W_q; W_k; W_v; W_r; W_β; W_a]ᵀ reads x once and writes one [M, N] buffer; then one Triton
-kernel per q, k, v (ops/proj/short_conv.py) reads its column slice in place and applies the causal conv, SiLU and,
-for q and k, the per-head L2 norm, writing the mixer's contiguous input once, in fp32 math. PyTorch's chain runs
-six GEMMs (x cast six times) and, per q, k, v, two transposes, a cuDNN conv, a slice, SiLU and (q, k) a norm, a
-division and a cast, each a pass over HBM; its backward mirrors them. The autograd graph here is the concatenated
-weights' mm, one split (its backward: one concatenation of the gradients, then one dgrad GEMM) and the conv
-kernels' own backward.
+Two cuBLAS GEMMs: y = x [W_q; W_k; W_v; W_β; W_a]ᵀ [M, N] and r = x W_rᵀ; then one operator
+(chunkfuse::gdn_proj_in_tail) runs a Triton kernel per q, k, v (ops/proj/short_conv.py) on y's column slices in
+place, applying the causal conv, SiLU and, for q and k, the per-head L2 norm, writing the mixer's contiguous inputs
+once in fp32 math, and forms β and g from y's last 2H columns. Its backward writes the whole [M, N] gradient of y
+itself: each conv's dx kernel stores into its column slice and dβ, dg pre-activations into theirs, so the dgrad
+and wgrad GEMMs read one buffer that no concatenation built. (Through autograd's split the gradients arrive as
+five tensors and are concatenated: at gdn_340m's layer Inductor's kernel for that took 160 µs of an H200, a
+layer's forward and backward.) r is its own GEMM because its gradient comes from proj_out, outside this
+operator: x is read twice and dx sums two dgrad GEMMs instead.
 
-The conv is not in the GEMM's epilogue: each output row needs the W − 1 rows before it, which another M tile owns,
-and the per-head norm needs a whole head of columns; an epilogue would recompute a halo of rows per tile and tie
-the GEMM's tile to the head size. β and g are [M, H]: a few PyTorch elementwise calls on the slices cost less than
-a kernel. r is returned as a view of the GEMM's output, which the conv kernels' saved inputs keep alive anyway;
-proj_out's gate kernels read it in place (its row stride), so it is not copied and held twice.
+PyTorch's chain runs six GEMMs (x cast six times) and, per q, k, v, two transposes, a cuDNN conv, a slice, SiLU and
+(q, k) a norm, a division and a cast, each a pass over HBM; its backward mirrors them. The conv is not in the
+GEMM's epilogue: each output row needs the W − 1 rows before it, which another M tile owns, and the per-head norm
+needs a whole head of columns; an epilogue would recompute a halo of rows per tile and tie the GEMM's tile to the
+head size.
 """
 from __future__ import annotations
 
@@ -24,11 +26,20 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn
-from ops.proj.short_conv import conv_plan, short_conv
+from ops import backend_fn, varlen
+from ops.library import contiguous, kernel_op
+from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan
 from ops.triton_utils import check_dtypes, check_triton_device
 
 COMPONENTS = ("proj",)
+# y's width is padded with zero weight rows to a multiple of COLUMNS (128 bytes in bf16): at an unaligned width
+# Inductor copied y before the operator and its gradient after it, a pass over y each way (at gdn_340m's 3,088
+# columns, 48 µs each on an H200), more than the GEMM spends on the 48 zero columns.
+COLUMNS = 64
+# the operators' return types, spelt out for their schemas: q, k, v, g, β; and dy, dconv_q, dconv_k, dconv_v, dA_log,
+# ddt_bias
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 check_available = check_triton_device       # ops.get_op calls it with (op, backend)
@@ -36,8 +47,91 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 
 def plan(device: torch.device, M: int, H: int, K: int, V: int, **_) -> str:
     """What the op launches for M rows at these widths, for the run log."""
-    return (f"one cuBLAS GEMM for q, k, v, r, β, g; short conv kernels on q, k ({conv_plan(H * K, K, device)}) "
-            f"and v ({conv_plan(H * V, None, device)}), reading the GEMM's output in place")
+    return (f"two cuBLAS GEMMs (q, k, v, β, g; r); short conv kernels on q, k ({conv_plan(H * K, K, device)}) "
+            f"and v ({conv_plan(H * V, None, device)}), reading the GEMM's output in place and writing its "
+            "gradient in place")
+
+
+def _widths(y: torch.Tensor, conv_q: torch.Tensor, conv_v: torch.Tensor, n_heads: int) -> list[int]:
+    """The column widths of y's slices: q, k, v, β, g and the zero columns that align its width (COLUMNS)."""
+    HK, HV = conv_q.shape[0], conv_v.shape[0]
+    return [HK, HK, HV, n_heads, n_heads, y.shape[-1] - 2 * HK - HV - 2 * n_heads]
+
+
+def _tail_fake(y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
+               A_log: torch.Tensor, dt_bias: torch.Tensor, n_heads: int,
+               pos: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    B, T, _ = y.shape
+    HK, HV = conv_q.shape[0], conv_v.shape[0]
+    return (y.new_empty(B, T, HK), y.new_empty(B, T, HK), y.new_empty(B, T, HV),
+            y.new_empty(B, T, n_heads, dtype=torch.float32), y.new_empty(B, T, n_heads, dtype=torch.float32))
+
+
+@kernel_op("gdn_proj_in_tail", _tail_fake)
+def gdn_proj_in_tail(y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
+                     A_log: torch.Tensor, dt_bias: torch.Tensor, n_heads: int,
+                     pos: torch.Tensor | None) -> Outputs:
+    """y [B, T, N] = [q | k | v | β | g | 0] pre-activations (unit column stride; zero columns up to N); conv_q,
+    conv_k [H·K, W], conv_v [H·V, W] contiguous; A_log, dt_bias (H,); pos (T,) int64 or None (packed documents)
+    → q, k [B, T, H·K], v [B, T, H·V] in y's dtype, g, β [B, T, H] fp32, all contiguous."""
+    H = n_heads
+    yq, yk, yv, yb, ya, _ = y.split(_widths(y, conv_q, conv_v, H), -1)
+    q = conv_forward(yq, conv_q, None, conv_q.shape[0] // H, y.dtype, pos)
+    k = conv_forward(yk, conv_k, None, conv_k.shape[0] // H, y.dtype, pos)
+    v = conv_forward(yv, conv_v, None, None, y.dtype, pos)
+    g = -A_log.float().exp() * F.softplus(ya.float() + dt_bias)
+    return q, k, v, g, yb.float().sigmoid()
+
+
+def _tail_bwd_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dg: torch.Tensor, dbeta: torch.Tensor,
+                   y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
+                   A_log: torch.Tensor, dt_bias: torch.Tensor, n_heads: int,
+                   pos: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return (y.new_empty(y.shape), conv_q.new_empty(conv_q.shape), conv_k.new_empty(conv_k.shape),
+            conv_v.new_empty(conv_v.shape), A_log.new_empty(A_log.shape), dt_bias.new_empty(dt_bias.shape))
+
+
+@kernel_op("gdn_proj_in_tail_bwd", _tail_bwd_fake)
+def gdn_proj_in_tail_bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dg: torch.Tensor,
+                         dbeta: torch.Tensor, y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor,
+                         conv_v: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, n_heads: int,
+                         pos: torch.Tensor | None) -> Grads:
+    """The gradients of gdn_proj_in_tail's outputs (contiguous) and its inputs → dy [B, T, N] contiguous in y's
+    dtype, each slice written in place (the conv kernels' dx; dβ·β(1−β); dg·(−exp(A_log))·sigmoid(ya + dt_bias)),
+    dconv_q, dconv_k, dconv_v, dA_log = Σ dg·g, ddt_bias = Σ dg·∂g/∂ya (fp32 sums over B and T)."""
+    H = n_heads
+    widths = _widths(y, conv_q, conv_v, H)
+    dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
+    ys, ds = y.split(widths, -1), dy.split(widths, -1)
+    dcq, _ = conv_backward_into(ds[0], dq, ys[0], conv_q, None, conv_q.shape[0] // H, pos)
+    dck, _ = conv_backward_into(ds[1], dk, ys[1], conv_k, None, conv_k.shape[0] // H, pos)
+    dcv, _ = conv_backward_into(ds[2], dv, ys[2], conv_v, None, None, pos)
+    beta = ys[3].float().sigmoid()
+    ds[3].copy_(dbeta * beta * (1 - beta))
+    a = ys[4].float() + dt_bias
+    decay = A_log.float().exp()
+    dpre = dg * -decay * a.sigmoid()
+    ds[4].copy_(dpre)
+    ds[5].zero_()                                     # the padding's gradient, 0 (its weight rows are 0 too)
+    dA_log = (dg * -decay * F.softplus(a)).sum((0, 1))                  # ∂g/∂A_log = g
+    return dy, dcq, dck, dcv, dA_log.to(A_log.dtype), dpre.sum((0, 1)).to(dt_bias.dtype)
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
+    y, conv_q, conv_k, conv_v, A_log, dt_bias, n_heads, pos = inputs
+    ctx.save_for_backward(y, conv_q, conv_k, conv_v, A_log, dt_bias, pos)
+    ctx.n_heads = n_heads
+
+
+def _backward(ctx, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dg: torch.Tensor,
+              dbeta: torch.Tensor) -> tuple:
+    """No second-order terms: gdn_proj_in_tail_bwd has no gradient of its own, so a double backward raises."""
+    y, conv_q, conv_k, conv_v, A_log, dt_bias, pos = ctx.saved_tensors
+    grads = contiguous(dq, dk, dv, dg, dbeta)
+    return (*gdn_proj_in_tail_bwd(*grads, y, conv_q, conv_k, conv_v, A_log, dt_bias, ctx.n_heads, pos), None, None)
+
+
+gdn_proj_in_tail.register_autograd(_backward, setup_context=_setup_context)
 
 
 @backend_fn(plan=plan)
@@ -47,7 +141,7 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
                 n_heads: int, cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Shapes as ops.gdn_proj_in.naive.gdn_proj_in: x [B, T, d]; w_q, w_k [H·K, d]; w_v, w_r [H·V, d];
     w_b, w_a [H, d]; conv_q, conv_k [H·K, 1, W]; conv_v [H·V, 1, W]; A_log, dt_bias (H,) → q, k [B, T, H, K],
-    v [B, T, H, V] (x's dtype, or autocast's), g, β [B, T, H] fp32, r [B, T, H·V] (a view of the GEMM's output).
+    v [B, T, H, V] (x's dtype, or autocast's), g, β [B, T, H] fp32, r [B, T, H·V].
     cu_seqlens (packed documents, B = 1): the short convolutions restart at each document (short_conv)."""
     check_dtypes("gdn_proj_in", "fused", x, w_q)
     B, T, d = x.shape
@@ -62,15 +156,20 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     dev = x.device.type
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     with torch.autocast(dev, enabled=False):
-        w_cat = torch.cat([w.to(dtype) for w in (w_q, w_k, w_v, w_r, w_b, w_a)])       # [N, d]
-        y = x.to(dtype) @ w_cat.t()                                                      # [B, T, N], x read once
-    yq, yk, yv, r, yb, ya = y.split([HK, HK, HV, HV, H, H], -1)
-    q = short_conv(yq, conv_q.flatten(1), None, head_dim=HK // H, cu_seqlens=cu_seqlens).view(B, T, H, -1)
-    k = short_conv(yk, conv_k.flatten(1), None, head_dim=HK // H, cu_seqlens=cu_seqlens).view(B, T, H, -1)
-    v = short_conv(yv, conv_v.flatten(1), None, cu_seqlens=cu_seqlens).view(B, T, H, -1)
-    beta = yb.float().sigmoid()                                                          # [B, T, H]
-    g = -A_log.float().exp() * F.softplus(ya.float() + dt_bias)                          # [B, T, H]
-    return q, k, v, g, beta, r
+        xd = x.to(dtype)
+        pad = -(2 * HK + HV + 2 * H) % COLUMNS
+        w_cat = torch.cat([w.to(dtype) for w in (w_q, w_k, w_v, w_b, w_a)] + [xd.new_zeros(pad, d)])
+        y = xd @ w_cat.t()                                                                # [B, T, N]
+        r = xd @ w_r.to(dtype).t()                                                        # [B, T, H·V]
+    yq, _, yv = y.split([HK, HK, y.shape[-1] - 2 * HK], -1)
+    convs = [check_conv(yq, conv_q, None, HK // H), check_conv(yq, conv_k, None, HK // H),
+             check_conv(yv[..., :HV], conv_v, None, None)]
+    pos = None
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, B, T, "gdn_proj_in")
+        pos = varlen.positions(cu_seqlens, T)
+    q, k, v, g, beta = gdn_proj_in_tail(y, *convs, A_log, dt_bias, H, pos)
+    return q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), g, beta, r
 
 
 def build(fuse: frozenset[str]) -> Callable:

@@ -180,10 +180,11 @@ def short_conv_dpre_kernel(x, w, bias, dy, dp, dw, db, T, C, sxb, sxt, eps, NTS,
 
 
 @triton.jit
-def short_conv_dx_kernel(dp, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, pos=None,
+def short_conv_dx_kernel(dp, w, dx, T, C, sdb, sdt, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, pos=None,
                          HAS_POS: tl.constexpr = False):
     """One program per (BT rows, BC channels, batch): dx[b, rows, cols] = Σ_s w[cols, W−1−s] · dp[b, rows + s,
-    cols] in dx's dtype; HAS_POS: tap s only where row + s lies at least s into its document."""
+    cols] in dx's dtype, dx with batch and row strides sdb, sdt (a column slice of a wider gradient too); HAS_POS:
+    tap s only where row + s lies at least s into its document."""
     pid_t, pid_c, b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     rows = (pid_t * BT + tl.arange(0, BT)).to(tl.int64)[:, None]
     cols = pid_c * BC + tl.arange(0, BC)[None, :]
@@ -196,7 +197,7 @@ def short_conv_dx_kernel(dp, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC:
             m = m & (_taps(pos, r, T, HAS_POS) >= s)
         d = tl.load(dp + (b * T + r) * C + cols, mask=m, other=0.0)
         acc += tl.load(w + cols * W + (W - 1 - s), mask=cmask, other=0.0).to(tl.float32) * d
-    tl.store(dx + (b * T + rows) * C + cols, acc.to(dx.dtype.element_ty), mask=(rows < T) & cmask)
+    tl.store(dx + b * sdb + rows * sdt + cols, acc.to(dx.dtype.element_ty), mask=(rows < T) & cmask)
 
 
 def _tiles(C: int, head_dim: int | None, cuda: bool) -> tuple[dict, int]:
@@ -228,6 +229,12 @@ def short_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """x [B, T, C] with unit channel stride (any row and batch stride); weight [C, W] contiguous; bias (C,)
     contiguous or None → y [B, T, C] contiguous in out_dtype (fp32 math). pos (T,) int64 or None: packed
     documents (B = 1), each token's position in its document."""
+    return conv_forward(x, weight, bias, head_dim, out_dtype, pos)
+
+
+def conv_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, head_dim: int | None,
+                 out_dtype: torch.dtype, pos: torch.Tensor | None) -> torch.Tensor:
+    """short_conv_fwd's kernel launch, for the operators that run the conv inside their own body."""
     B, T, C = x.shape
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
     y = torch.empty(B, T, C, device=x.device, dtype=out_dtype)
@@ -254,9 +261,19 @@ def _bwd_fake(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: tor
 def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                    head_dim: int | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dy [B, T, C]; x, weight, bias as short_conv_fwd's (x as saved: the forward's strided input) → dx [B, T, C]
-    in x's dtype, dweight [C, W] in weight's, dbias (C,) in bias's (0 elements without a bias), all contiguous.
-    The pre-activation is recomputed from x into a dpre [B, T, C] in x's dtype (transient); dweight and dbias are
-    the fp32 per-program partial sums, summed here."""
+    in x's dtype, dweight [C, W] in weight's, dbias (C,) in bias's (0 elements without a bias), all contiguous."""
+    dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    dw, db = conv_backward_into(dx, dy, x, weight, bias, head_dim, pos)
+    return dx, dw, db if bias is not None else absent(weight)
+
+
+def conv_backward_into(dx: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None, head_dim: int | None,
+                       pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """short_conv_bwd's kernel launches, writing dx into a given [B, T, C] buffer (unit channel stride, any row
+    and batch stride: a column slice of a wider gradient) → dweight [C, W] in weight's dtype, dbias (C,) in bias's
+    or None. The pre-activation is recomputed from x into a dpre [B, T, C] in x's dtype (transient); dweight and
+    dbias are the fp32 per-program partial sums, summed here."""
     B, T, C = x.shape
     W = weight.shape[1]
     tiles, nc = _tiles(C, head_dim, x.is_cuda)
@@ -273,13 +290,11 @@ def short_conv_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias
                                             db, T, C, x.stride(0), x.stride(1), EPS, per, W=W,
                                             HAS_BIAS=bias is not None, NORM=head_dim is not None, **tiles,
                                             **warps, **_pos_args(pos))
-    dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
     bt, bc = (CUDA_DX_BT, CUDA_DX_BC) if x.is_cuda else (INTERPRET_BT, INTERPRET_BC)
     warps = dict(num_warps=CUDA_DX_WARPS) if x.is_cuda else {}
-    short_conv_dx_kernel[(cdiv(T, bt), cdiv(C, bc), B)](dp, weight, dx, T, C, W=W, BT=bt, BC=bc, **warps,
-                                                        **_pos_args(pos))
-    dbias = db.sum(0).to(bias.dtype) if bias is not None else absent(weight)
-    return dx, dw.sum(0).to(weight.dtype), dbias
+    short_conv_dx_kernel[(cdiv(T, bt), cdiv(C, bc), B)](dp, weight, dx, T, C, dx.stride(0), dx.stride(1), W=W,
+                                                        BT=bt, BC=bc, **warps, **_pos_args(pos))
+    return dw.sum(0).to(weight.dtype), db.sum(0).to(bias.dtype) if bias is not None else None
 
 
 def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:
@@ -336,6 +351,20 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"short_conv: x must be [B, T, C] with unit channel stride, got shape {tuple(x.shape)} "
                          f"strides {x.stride()}")
     B, T, C = x.shape
+    weight = check_conv(x, weight, bias, head_dim)
+    pos = None
+    if cu_seqlens is not None:
+        varlen.offsets(cu_seqlens, B, T, "short_conv")
+        pos = varlen.positions(cu_seqlens, T)
+    return short_conv_fwd(x, weight, None if bias is None else bias.contiguous(), head_dim, out_dtype or x.dtype,
+                          pos)
+
+
+def check_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               head_dim: int | None) -> torch.Tensor:
+    """short_conv's argument checks, each error saying what to change; returns the weight as the kernels take it,
+    [C, W] contiguous ([C, 1, W] accepted)."""
+    B, T, C = x.shape
     if weight.dim() == 3 and weight.shape[1] == 1:
         weight = weight.squeeze(1)
     if weight.dim() != 2 or weight.shape[0] != C or not 1 <= weight.shape[1] <= MAX_WIDTH:
@@ -350,9 +379,4 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise RuntimeError("short_conv: the Triton kernels need a CUDA tensor (or TRITON_INTERPRET=1 on CPU)")
     if B == 0 or T == 0 or C == 0:
         raise ValueError(f"short_conv: empty input {tuple(x.shape)}")
-    pos = None
-    if cu_seqlens is not None:
-        varlen.offsets(cu_seqlens, B, T, "short_conv")
-        pos = varlen.positions(cu_seqlens, T)
-    return short_conv_fwd(x, weight.contiguous(), None if bias is None else bias.contiguous(), head_dim,
-                          out_dtype or x.dtype, pos)
+    return weight.contiguous()

@@ -80,12 +80,12 @@ KERNELS = {
         {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True, "NORM": True, "pos": None,
          "HAS_POS": False}),
     "ops.proj.short_conv.short_conv_dpre_kernel": (
-        {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dp": F32, "dw": F32, "db": F32},
+        {"x": BF16, "w": F32, "bias": F32, "dy": BF16, "dp": BF16, "dw": F32, "db": F32},
         ("T", "C", "sxb", "sxt", "NTS"), ("eps",), {"W": 4, "HD": 24, "HDP": 32, "NH": 2, "BT": 16, "HAS_BIAS": True,
                                               "NORM": True, "pos": None, "HAS_POS": False}),
     "ops.proj.short_conv.short_conv_dx_kernel": (
-        {"dp": F32, "w": F32, "dx": BF16}, ("T", "C"), (), {"W": 4, "BT": 16, "BC": 64, "pos": None,
-                                                           "HAS_POS": False}),
+        {"dp": BF16, "w": F32, "dx": BF16}, ("T", "C", "sdb", "sdt"), (),
+        {"W": 4, "BT": 16, "BC": 64, "pos": None, "HAS_POS": False}),
 }
 
 
