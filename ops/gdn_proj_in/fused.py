@@ -6,8 +6,9 @@
 Two cuBLAS GEMMs: y = x [W_q; W_k; W_v; W_β; W_a]ᵀ [M, N] and r = x W_rᵀ; then one operator
 (chunkfuse::gdn_proj_in_tail) runs a Triton kernel per q, k, v (ops/proj/short_conv.py) on y's column slices in
 place, applying the causal conv, SiLU and, for q and k, the per-head L2 norm, writing the mixer's contiguous inputs
-once in fp32 math, and forms β and g from y's last 2H columns. Its backward writes the whole [M, N] gradient of y
-itself: each conv's dx kernel stores into its column slice and dβ, dg pre-activations into theirs, so the dgrad
+once in fp32 math; one more kernel forms β and g from y's gate columns (kernels.py). Its backward writes the whole
+[M, N] gradient of y itself: each conv's dx kernel stores into its column slice and the gate kernel the gates'
+pre-activation gradients and the padding's zeros into theirs (with dA_log's and ddt_bias's partial sums), so the dgrad
 and wgrad GEMMs read one buffer that no concatenation built. (Through autograd's split the gradients arrive as
 five tensors and are concatenated: at gdn_340m's layer Inductor's kernel for that took 160 µs of an H200, a
 layer's forward and backward.) r is its own GEMM because its gradient comes from proj_out, outside this
@@ -24,18 +25,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ops import backend_fn, varlen
 from ops.library import contiguous, kernel_op
+from ops.gdn_proj_in.kernels import gates_bwd_kernel, gates_fwd_kernel
 from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan
-from ops.triton_utils import check_dtypes, check_triton_device
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device, next_power_of_2
 
 COMPONENTS = ("proj",)
 # y's width is padded with zero weight rows to a multiple of COLUMNS (128 bytes in bf16): at an unaligned width
 # Inductor copied y before the operator and its gradient after it, a pass over y each way (at gdn_340m's 3,088
 # columns, 48 µs each on an H200), more than the GEMM spends on the 48 zero columns.
 COLUMNS = 64
+CUDA_GATE_ROWS = 128            # rows per program of the gate kernels (kernels.py)
 # the operators' return types, spelt out for their schemas: q, k, v, g, β; and dy, dconv_q, dconv_k, dconv_v, dA_log,
 # ddt_bias
 Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -58,6 +60,12 @@ def _widths(y: torch.Tensor, conv_q: torch.Tensor, conv_v: torch.Tensor, n_heads
     return [HK, HK, HV, n_heads, n_heads, y.shape[-1] - 2 * HK - HV - 2 * n_heads]
 
 
+def _gate_tiles(y: torch.Tensor, H: int) -> tuple[int, int, dict]:
+    """The gate kernels' rows per program, padded heads and launch options (CUDA: CUDA_GATE_ROWS rows on 4 warps;
+    under TRITON_INTERPRET=1, 8 rows, so test sizes give several programs and a ragged last one)."""
+    return (CUDA_GATE_ROWS, next_power_of_2(H), dict(num_warps=4)) if y.is_cuda else (8, next_power_of_2(H), {})
+
+
 def _tail_fake(y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor, conv_v: torch.Tensor,
                A_log: torch.Tensor, dt_bias: torch.Tensor, n_heads: int,
                pos: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -75,12 +83,20 @@ def gdn_proj_in_tail(y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor
     conv_k [H·K, W], conv_v [H·V, W] contiguous; A_log, dt_bias (H,); pos (T,) int64 or None (packed documents)
     → q, k [B, T, H·K], v [B, T, H·V] in y's dtype, g, β [B, T, H] fp32, all contiguous."""
     H = n_heads
-    yq, yk, yv, yb, ya, _ = y.split(_widths(y, conv_q, conv_v, H), -1)
+    B, T, _ = y.shape
+    if y.stride(0) != T * y.stride(1):
+        raise ValueError(f"gdn_proj_in_tail: y's rows must be evenly strided across the batch (the gate kernels "
+                         f"walk B·T rows), got strides {y.stride()}; pass the GEMM's output")
+    yq, yk, yv = y.split(_widths(y, conv_q, conv_v, H), -1)[:3]
     q = conv_forward(yq, conv_q, None, conv_q.shape[0] // H, y.dtype, pos)
     k = conv_forward(yk, conv_k, None, conv_k.shape[0] // H, y.dtype, pos)
     v = conv_forward(yv, conv_v, None, None, y.dtype, pos)
-    g = -A_log.float().exp() * F.softplus(ya.float() + dt_bias)
-    return q, k, v, g, yb.float().sigmoid()
+    beta, g = (torch.empty(B, T, H, device=y.device, dtype=torch.float32) for _ in range(2))
+    br, hp, launch = _gate_tiles(y, H)
+    ob = sum(_widths(y, conv_q, conv_v, H)[:3])                 # β's first column; g's follow, then the padding
+    gates_fwd_kernel[(cdiv(B * T, br),)](y, A_log, dt_bias, beta, g, B * T, H, y.stride(1), ob, ob + H, BR=br, HP=hp,
+                                         **launch)
+    return q, k, v, g, beta
 
 
 def _tail_bwd_fake(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, dg: torch.Tensor, dbeta: torch.Tensor,
@@ -97,8 +113,9 @@ def gdn_proj_in_tail_bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, d
                          conv_v: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, n_heads: int,
                          pos: torch.Tensor | None) -> Grads:
     """The gradients of gdn_proj_in_tail's outputs (contiguous) and its inputs → dy [B, T, N] contiguous in y's
-    dtype, each slice written in place (the conv kernels' dx; dβ·β(1−β); dg·(−exp(A_log))·sigmoid(ya + dt_bias)),
-    dconv_q, dconv_k, dconv_v, dA_log = Σ dg·g, ddt_bias = Σ dg·∂g/∂ya (fp32 sums over B and T)."""
+    dtype, each slice written in place (the conv kernels' dx; the gate kernel's dβ·β(1−β), dg·(−exp(A_log))·
+    sigmoid(ya + dt_bias) and the padding's zeros), dconv_q, dconv_k, dconv_v, dA_log = Σ dg·g, ddt_bias =
+    Σ dg·∂g/∂ya (fp32 sums over B and T)."""
     H = n_heads
     widths = _widths(y, conv_q, conv_v, H)
     dy = torch.empty(y.shape, device=y.device, dtype=y.dtype)
@@ -106,15 +123,14 @@ def gdn_proj_in_tail_bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, d
     dcq, _ = conv_backward_into(ds[0], dq, ys[0], conv_q, None, conv_q.shape[0] // H, pos)
     dck, _ = conv_backward_into(ds[1], dk, ys[1], conv_k, None, conv_k.shape[0] // H, pos)
     dcv, _ = conv_backward_into(ds[2], dv, ys[2], conv_v, None, None, pos)
-    beta = ys[3].float().sigmoid()
-    ds[3].copy_(dbeta * beta * (1 - beta))
-    a = ys[4].float() + dt_bias
-    decay = A_log.float().exp()
-    dpre = dg * -decay * a.sigmoid()
-    ds[4].copy_(dpre)
-    ds[5].zero_()                                     # the padding's gradient, 0 (its weight rows are 0 too)
-    dA_log = (dg * -decay * F.softplus(a)).sum((0, 1))                  # ∂g/∂A_log = g
-    return dy, dcq, dck, dcv, dA_log.to(A_log.dtype), dpre.sum((0, 1)).to(dt_bias.dtype)
+    B, T, N = y.shape
+    br, hp, launch = _gate_tiles(y, H)
+    programs = cdiv(B * T, br)
+    dA, ddt = (torch.empty(programs, H, device=y.device, dtype=torch.float32) for _ in range(2))
+    ob, oa = sum(widths[:3]), sum(widths[:4])
+    gates_bwd_kernel[(programs,)](y, A_log, dt_bias, dbeta, dg, dy, dA, ddt, B * T, H, y.stride(1), dy.stride(1), ob,
+                                  oa, N, BR=br, HP=hp, PADP=next_power_of_2(max(1, N - oa - H)), **launch)
+    return dy, dcq, dck, dcv, dA.sum(0).to(A_log.dtype), ddt.sum(0).to(dt_bias.dtype)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:

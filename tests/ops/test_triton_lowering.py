@@ -56,6 +56,12 @@ KERNELS = {
     "ops.proj_out.kernels.gate_bwd_kernel": (
         {"dg": BF16, "o": BF16, "r": BF16, "nw": F32, "g": BF16, "do": BF16, "dr": BF16, "dnw": F32},
         ("R", "RS"), ("eps",), {"H": 2, "V": 32, "BV": 32, "BR": 16, "LOOP": False, "GATE_FIRST": True}),
+    "ops.gdn_proj_in.kernels.gates_fwd_kernel": (
+        {"y": BF16, "A_log": F32, "dt_bias": F32, "beta": F32, "g": F32}, ("M", "H", "S", "OB", "OA"), (),
+        {"BR": 128, "HP": 8}),
+    "ops.gdn_proj_in.kernels.gates_bwd_kernel": (
+        {"y": BF16, "A_log": F32, "dt_bias": F32, "dbeta": F32, "dg": F32, "dy": BF16, "dA": F32, "ddt": F32},
+        ("M", "H", "S", "SD", "OB", "OA", "N"), (), {"BR": 128, "HP": 8, "PADP": 64}),
     "ops.swiglu.kernels.swiglu_fwd_kernel": ({"gu": BF16, "h": BF16}, ("M", "F", "S"), (), {"BR": 16, "BF": 64}),
     "ops.swiglu.kernels.swiglu_bwd_kernel": (
         {"gu": BF16, "dh": BF16, "dgu": BF16}, ("M", "F", "S"), (), {"BR": 16, "BF": 64}),
