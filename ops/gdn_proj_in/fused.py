@@ -7,12 +7,12 @@ Two cuBLAS GEMMs: y = x [W_q; W_k; W_v; W_β; W_a]ᵀ [M, N] and r = x W_rᵀ; t
 (chunkfuse::gdn_proj_in_tail) runs a Triton kernel per q, k, v (ops/proj/short_conv.py) on y's column slices in
 place, applying the causal conv, SiLU and, for q and k, the per-head L2 norm, writing the mixer's contiguous inputs
 once in fp32 math; one more kernel forms β and g from y's gate columns (kernels.py). Its backward writes the whole
-[M, N] gradient of y itself: each conv's dx kernel stores into its column slice and the gate kernel the gates'
-pre-activation gradients and the padding's zeros into theirs (with dA_log's and ddt_bias's partial sums), so the dgrad
-and wgrad GEMMs read one buffer that no concatenation built. (Through autograd's split the gradients arrive as
-five tensors and are concatenated: at gdn_340m's layer Inductor's kernel for that took 160 µs of an H200, a
-layer's forward and backward.) r is its own GEMM because its gradient comes from proj_out, outside this
-operator: x is read twice and dx sums two dgrad GEMMs instead.
+[M, N] gradient of y itself: each conv's dx kernel stores into its column slice, and the gate kernel the gates'
+pre-activation gradients and the padding's zeros into theirs (with dA_log's and ddt_bias's partial sums), so the
+dgrad and wgrad GEMMs read one buffer that no concatenation built. (Through autograd's split the gradients arrive
+as five tensors and are concatenated: at gdn_340m's layer Inductor's kernel for that took 160 µs on an H200.) r is
+its own GEMM because its gradient comes from proj_out, outside this operator: x is read twice and dx sums two
+dgrad GEMMs instead.
 
 PyTorch's chain runs six GEMMs (x cast six times) and, per q, k, v, two transposes, a cuDNN conv, a slice, SiLU and
 (q, k) a norm, a division and a cast, each a pass over HBM; its backward mirrors them. The conv is not in the
@@ -50,8 +50,8 @@ check_available = check_triton_device       # ops.get_op calls it with (op, back
 def plan(device: torch.device, M: int, H: int, K: int, V: int, **_) -> str:
     """What the op launches for M rows at these widths, for the run log."""
     return (f"two cuBLAS GEMMs (q, k, v, β, g; r); short conv kernels on q, k ({conv_plan(H * K, K, device)}) "
-            f"and v ({conv_plan(H * V, None, device)}), reading the GEMM's output in place and writing its "
-            "gradient in place")
+            f"and v ({conv_plan(H * V, None, device)}) and a gate kernel, reading the GEMM's output in place and "
+            "writing its gradient in place")
 
 
 def _widths(y: torch.Tensor, conv_q: torch.Tensor, conv_v: torch.Tensor, n_heads: int) -> list[int]:

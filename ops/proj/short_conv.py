@@ -21,10 +21,12 @@ dx[t] = Σ_s w[c, W−1−s] · dpre[t + s], whose W−1 rows after each tile be
 have to form dpre W times. L2-norm backward per head, n = y / max(‖y‖, eps): dy = (dn − n (n·dn)) / ‖y‖ where
 ‖y‖ > eps, else dn / eps.
 
-The kernels are launched only from the operators chunkfuse::short_conv_fwd and chunkfuse::short_conv_bwd
-(ops/library.py), which torch.compile(fullgraph=True) traces as opaque calls: their fake implementations give
-contiguous outputs of the input's shape, like the real ones. The backward operator takes x as the forward saved
-it (its strides included) and returns dx, dweight and dbias (0 elements without a bias).
+The kernels are launched only from operators (ops/library.py), which torch.compile(fullgraph=True) traces as opaque
+calls: chunkfuse::short_conv_fwd and chunkfuse::short_conv_bwd here, whose fake implementations give contiguous
+outputs of the input's shape like the real ones, and the projection chains' operators (ops/gdn_proj_in,
+ops/mamba2_proj_in), which call conv_forward and conv_backward_into in their bodies, the latter writing dx into a
+column slice of their own gradient. The backward takes x as the forward saved it (its strides included) and returns
+dx, dweight and dbias (0 elements without a bias).
 """
 from __future__ import annotations
 
