@@ -211,7 +211,7 @@ class CausalLM(nn.Module):
         return logits, loss
 
     def embed_tokens(self, idx: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token (+ learned position) embeddings: idx int64 [B, T], positions int64 [T] or [B, T] → [B, T, d]
+        """Token (+ learned position) embeddings: idx int64 [B, T], positions int64 (T,) or [B, T] → [B, T, d]
         (the callers check positions against max_seq_len: forward and prefill by shape, step by its count)."""
         x = self.embed(idx)
         return x if self.pos_embed is None else x + self.pos_embed(positions)
@@ -226,7 +226,7 @@ class CausalLM(nn.Module):
         return decode.prefill(self, idx, lengths, capacity, all_logits)
 
     def step(self, tokens: torch.Tensor, cache: DecodeCache) -> torch.Tensor:
-        """One token per row, tokens [B] → next-token logits [B, vocab]; updates cache (model.decode.step)."""
+        """One token per row, tokens (B,) → next-token logits [B, vocab]; updates cache (model.decode.step)."""
         return decode.step(self, tokens, cache)
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **kw) -> torch.Tensor:
