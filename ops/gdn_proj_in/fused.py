@@ -26,17 +26,14 @@ from collections.abc import Callable
 
 import torch
 
-from ops import backend_fn, varlen
+from ops import backend_fn
 from ops.library import contiguous, kernel_op
 from ops.gdn_proj_in.kernels import gates_bwd_kernel, gates_fwd_kernel
-from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan
+from ops.proj.gemm import padded_rows
+from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan, document_positions
 from ops.triton_utils import cdiv, check_dtypes, check_triton_device, next_power_of_2
 
 COMPONENTS = ("proj",)
-# y's width is padded with zero weight rows to a multiple of COLUMNS (128 bytes in bf16): at an unaligned width
-# Inductor copied y before the operator and its gradient after it, a pass over y each way (at gdn_340m's 3,088
-# columns, 48 µs each on an H200), more than the GEMM spends on the 48 zero columns.
-COLUMNS = 64
 CUDA_GATE_ROWS = 128            # rows per program of the gate kernels (kernels.py)
 # the operators' return types, spelt out for their schemas: q, k, v, g, β; and dy, dconv_q, dconv_k, dconv_v, dA_log,
 # ddt_bias
@@ -55,7 +52,7 @@ def plan(device: torch.device, M: int, H: int, K: int, V: int, **_) -> str:
 
 
 def _widths(y: torch.Tensor, conv_q: torch.Tensor, conv_v: torch.Tensor, n_heads: int) -> list[int]:
-    """The column widths of y's slices: q, k, v, β, g and the zero columns that align its width (COLUMNS)."""
+    """The column widths of y's slices: q, k, v, β, g and the zero columns that align its width (padded_rows)."""
     HK, HV = conv_q.shape[0], conv_v.shape[0]
     return [HK, HK, HV, n_heads, n_heads, y.shape[-1] - 2 * HK - HV - 2 * n_heads]
 
@@ -87,13 +84,14 @@ def gdn_proj_in_tail(y: torch.Tensor, conv_q: torch.Tensor, conv_k: torch.Tensor
     if y.stride(0) != T * y.stride(1):
         raise ValueError(f"gdn_proj_in_tail: y's rows must be evenly strided across the batch (the gate kernels "
                          f"walk B·T rows), got strides {y.stride()}; pass the GEMM's output")
-    yq, yk, yv = y.split(_widths(y, conv_q, conv_v, H), -1)[:3]
+    widths = _widths(y, conv_q, conv_v, H)
+    yq, yk, yv = y.split(widths, -1)[:3]
     q = conv_forward(yq, conv_q, None, conv_q.shape[0] // H, y.dtype, pos)
     k = conv_forward(yk, conv_k, None, conv_k.shape[0] // H, y.dtype, pos)
     v = conv_forward(yv, conv_v, None, None, y.dtype, pos)
     beta, g = (torch.empty(B, T, H, device=y.device, dtype=torch.float32) for _ in range(2))
     br, hp, launch = _gate_tiles(y, H)
-    ob = sum(_widths(y, conv_q, conv_v, H)[:3])                 # β's first column; g's follow, then the padding
+    ob = sum(widths[:3])                                        # β's first column; g's follow, then the padding
     gates_fwd_kernel[(cdiv(B * T, br),)](y, A_log, dt_bias, beta, g, B * T, H, y.stride(1), ob, ob + H, BR=br, HP=hp,
                                          **launch)
     return q, k, v, g, beta
@@ -173,17 +171,12 @@ def gdn_proj_in(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     with torch.autocast(dev, enabled=False):
         xd = x.to(dtype)
-        pad = -(2 * HK + HV + 2 * H) % COLUMNS
-        w_cat = torch.cat([w.to(dtype) for w in (w_q, w_k, w_v, w_b, w_a)] + [xd.new_zeros(pad, d)])
-        y = xd @ w_cat.t()                                                                # [B, T, N]
+        y = xd @ padded_rows([w.to(dtype) for w in (w_q, w_k, w_v, w_b, w_a)]).t()       # [B, T, N]
         r = xd @ w_r.to(dtype).t()                                                        # [B, T, H·V]
     yq, _, yv = y.split([HK, HK, y.shape[-1] - 2 * HK], -1)
     convs = [check_conv(yq, conv_q, None, HK // H), check_conv(yq, conv_k, None, HK // H),
              check_conv(yv[..., :HV], conv_v, None, None)]
-    pos = None
-    if cu_seqlens is not None:
-        varlen.offsets(cu_seqlens, B, T, "gdn_proj_in")
-        pos = varlen.positions(cu_seqlens, T)
+    pos = document_positions(cu_seqlens, B, T, "gdn_proj_in")
     q, k, v, g, beta = gdn_proj_in_tail(y, *convs, A_log, dt_bias, H, pos)
     return q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), g, beta, r
 

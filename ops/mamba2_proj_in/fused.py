@@ -19,15 +19,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ops import backend_fn, varlen
+from ops import backend_fn
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan
+from ops.proj.gemm import padded_rows
+from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan, document_positions
 from ops.triton_utils import check_dtypes, check_triton_device
 
 COMPONENTS = ("proj",)
-# y's width is padded with zero weight rows to a multiple of COLUMNS, as ops/gdn_proj_in/fused.py's (at
-# mamba2_370m's 2,336 columns, Inductor's copies of y and of its gradient took 35 µs each on an H200)
-COLUMNS = 64
 Grads = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]     # dy, dconv_w, dconv_b, ddt_bias (schema)
 
 
@@ -112,14 +110,10 @@ def mamba2_proj_in(u: torch.Tensor, w_in: torch.Tensor, conv_w: torch.Tensor, co
         raise ValueError(f"mamba2_proj_in: w_in {tuple(w_in.shape)}, conv_w {tuple(conv_w.shape)} do not agree with "
                          f"d_inner {d_inner}, d_state {d_state}, {H} heads")
     B, T, _ = u.shape
-    pad = -(conv_dim + H) % COLUMNS
     z = F.linear(u, w_in[:d_inner])                                                   # [B, T, d_inner]
-    y = F.linear(u, torch.cat([w_in[d_inner:], w_in.new_zeros(pad, w_in.shape[1])]))   # [B, T, N]
+    y = F.linear(u, padded_rows([w_in[d_inner:]]))                                    # [B, T, N], N aligned
     weight = check_conv(y[..., :conv_dim], conv_w, conv_b, None)
-    pos = None
-    if cu_seqlens is not None:
-        varlen.offsets(cu_seqlens, B, T, "mamba2_proj_in")
-        pos = varlen.positions(cu_seqlens, T)
+    pos = document_positions(cu_seqlens, B, T, "mamba2_proj_in")
     xbc, dt = mamba2_proj_in_tail(y, weight, None if conv_b is None else conv_b.contiguous(), dt_bias, pos)
     x, Bm, Cm = xbc.split([d_inner, d_state, d_state], -1)
     return z, x, Bm, Cm, dt

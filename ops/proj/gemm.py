@@ -3,7 +3,8 @@
 A plain K loop of tl.dot on pointer-loaded tiles (`dot_rows`), so Triton's pipeliner streams both operands through
 shared memory (num_stages deep), in a grouped launch order; or the same loop on tensor descriptors (`dot_desc`),
 which Hopper loads by TMA. Each kernel keeps its own epilogue; `launch_gemm` starts any of them over an [M, N]
-output.
+output. `padded_rows` stacks the weights of a cuBLAS GEMM whose output a chain's operator reads (gdn_proj_in,
+mamba2_proj_in).
 """
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ from ops.triton_utils import cdiv
 # Under TRITON_INTERPRET=1 (CPU tests): small fixed tiles, so test sizes give several programs, ragged edges
 # in rows, columns and K, and column tiles that straddle the projections' slice boundaries.
 INTERPRET_TILES = dict(BM=16, BN=16, BK=16, GROUP=2)
+# A GEMM output read by an operator has a width that is a multiple of COLUMNS (128 bytes in bf16): at an unaligned
+# width Inductor copied it before the operator and its gradient after it, a pass each way (48 µs at gdn_340m's 3,088
+# columns, 35 µs at mamba2_370m's 2,336, on an H200), more than the GEMM spends on the zero columns.
+COLUMNS = 64
+
+
+def padded_rows(weights: list[torch.Tensor]) -> torch.Tensor:
+    """The weights' rows stacked, [N, d], then zero rows up to a multiple of COLUMNS: the GEMM's extra output
+    columns are 0, and so is the gradient the operator writes there."""
+    w = weights[0]
+    return torch.cat([*weights, w.new_zeros(-sum(x.shape[0] for x in weights) % COLUMNS, w.shape[1])])
 
 
 def launch_gemm(tuned: Callable, kernel: Callable, M: int, N: int, args: tuple, on: torch.Tensor, **meta) -> None:

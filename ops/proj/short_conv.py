@@ -354,10 +354,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                          f"strides {x.stride()}")
     B, T, C = x.shape
     weight = check_conv(x, weight, bias, head_dim)
-    pos = None
-    if cu_seqlens is not None:
-        varlen.offsets(cu_seqlens, B, T, "short_conv")
-        pos = varlen.positions(cu_seqlens, T)
+    pos = document_positions(cu_seqlens, B, T, "short_conv")
     return short_conv_fwd(x, weight, None if bias is None else bias.contiguous(), head_dim, out_dtype or x.dtype,
                           pos)
 
@@ -382,3 +379,12 @@ def check_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     if B == 0 or T == 0 or C == 0:
         raise ValueError(f"short_conv: empty input {tuple(x.shape)}")
     return weight.contiguous()
+
+
+def document_positions(cu_seqlens: torch.Tensor | None, B: int, T: int, op: str) -> torch.Tensor | None:
+    """The kernels' `pos` argument: each token's position in its document, (T,) int64, after varlen's checks of
+    cu_seqlens against B = 1 and T (errors naming `op`); None without packed documents."""
+    if cu_seqlens is None:
+        return None
+    varlen.offsets(cu_seqlens, B, T, op)
+    return varlen.positions(cu_seqlens, T)
