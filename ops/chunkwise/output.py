@@ -37,9 +37,10 @@ from ops.triton_utils import dot_precision, tile
 @triton.jit
 def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
-                       INLINE_A: tl.constexpr, PREC: tl.constexpr):
+                       INLINE_A: tl.constexpr, PREC: tl.constexpr, res=None, HAS_RES: tl.constexpr = False):
     """INLINE_A (scalar decay only): form A = scale (q kᵀ) ⊙ exp(b_i − b_j) here instead of reading it,
-    and store it for the backward from the first V tile's program."""
+    and store it for the backward from the first V tile's program; HAS_RES: the exponent adds r_i − r_j (res:
+    b's residual, cumsum.py)."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -68,7 +69,11 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     p_A = A + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :]
     if INLINE_A:
         keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
-        b_A = (b_s * tl.exp(tl.where(keep, b_b[:, None] - b_b[None, :], float("-inf"))) * scale).to(A.dtype.element_ty)
+        b_e = b_b[:, None] - b_b[None, :]
+        if HAS_RES:
+            c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+            b_e += c_b[:, None] - c_b[None, :]
+        b_A = (b_s * tl.exp(tl.where(keep, b_e, float("-inf"))) * scale).to(A.dtype.element_ty)
         if i_v == 0:
             tl.store(p_A, b_A, mask=m_t[:, None])
     else:
@@ -230,22 +235,23 @@ def chunk_fwd_o(q, v, b, h, A, scale: float, chunk_size: int, **launch) -> torch
     return _fwd_o(q, q, v, b, h, A, scale, chunk_size, False, O_LAUNCH | launch)
 
 
-def chunk_fwd_o_scalar(q, k, v, b, h, scale: float, chunk_size: int, **launch) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_fwd_o_scalar(q, k, v, b, h, scale: float, chunk_size: int, res: torch.Tensor | None = None,
+                       **launch) -> tuple[torch.Tensor, torch.Tensor]:
     """Scalar decay (b [B, T, H, 1]): A is one masked GEMM, so the output kernel forms it itself, one
     launch and one A read fewer than chunk_intra_fwd + chunk_fwd_o. Returns o and A (q's dtype, for
-    the backward)."""
+    the backward). res: b's residual, added to A's exponents, or None (b alone)."""
     A = torch.empty(*q.shape[:3], chunk_size, dtype=q.dtype, device=q.device)
-    return _fwd_o(q, k, v, b, h, A, scale, chunk_size, True, O_SCALAR_LAUNCH | launch), A
+    return _fwd_o(q, k, v, b, h, A, scale, chunk_size, True, O_SCALAR_LAUNCH | launch, res), A
 
 
-def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch):
+def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch, res=None):
     B, T, H, K = q.shape
     V = v.shape[-1]
     BK, BV = tile(K), tile(V)
     o = torch.empty_like(v)
     grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     chunk_fwd_o_kernel[grid](q, k, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
-                             b.shape[-1] == 1, inline_a, dot_precision(v), **launch)
+                             b.shape[-1] == 1, inline_a, dot_precision(v), res, res is not None, **launch)
     return o
 
 

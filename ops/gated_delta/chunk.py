@@ -9,7 +9,13 @@ Forward, per chunk (b = chunk-local cumsum of g, held in fp32):
 Backward, in reverse: the output stage's dA and intra dq, dk; the reverse recurrence for dh and
 dv_new (which also carries the −wᵀ dv_new term of v_new = u − w h_n); GLA's dq, dk, db with
 v := v_new; the WY backward (du = dv_new, dw = −dv_new h_nᵀ) into dk, dv, dβ, db; finally
-dg = reverse chunk cumsum of db. Saved for backward: Tm, w, h, v_new and A (no recomputation).
+dg = reverse chunk cumsum of db. Saved for backward: b, r, Tm, w, h, v_new and A (no recomputation).
+
+Every exponent b_i − b_j, forward and backward, adds r_i − r_j, the residual of b's fp32 rounding
+(ops/chunkwise/cumsum.py). GLA's forward leaves it out (ops/chunkwise/decay_attention.py), but here the state
+and Tm are read back by the next chunk's v_new = u − w h_n and by the backward: at strong decay a chunk ending in
+weak steps has |b| ~ 10³ and exponents near 0 off by ulp(|b|), which the state carries on, and the decay gradient
+of the chunk after it would be off by up to 1e-5 relative (tests/ops/test_decay_grad.py's mixed head).
 
 The two passes are the operators chunkfuse::gated_delta_chunk_fwd and chunkfuse::gated_delta_chunk_bwd
 (ops/library.py), so torch.compile traces through them: the forward returns the saved intermediates as extra,
@@ -52,7 +58,8 @@ def _fwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     B, T, H, K = q.shape
     V, C, NT = v.shape[-1], chunk_size, cdiv(T, chunk_size)
     ht = q.new_empty(n_docs or B, H, K, V, dtype=torch.float32) if output_final_state else absent(q)
-    return (v.new_empty(B, T, H, V), ht, q.new_empty(B, T, H, 1, dtype=torch.float32), k.new_empty(B, T, H, C),
+    b = q.new_empty(B, T, H, 1, dtype=torch.float32)
+    return (v.new_empty(B, T, H, V), ht, b, torch.empty_like(b), k.new_empty(B, T, H, C),
             k.new_empty(B, T, H, K), k.new_empty(B, NT, H, K, V, dtype=state_dtype), v.new_empty(B, T, H, V),
             q.new_empty(B, T, H, C))
 
@@ -62,27 +69,29 @@ def chunk_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               initial_state: torch.Tensor | None, output_final_state: bool, chunk_size: int, state_dtype: torch.dtype,
               reset: torch.Tensor | None, n_docs: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                         torch.Tensor, torch.Tensor]:
+                         torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H]; initial_state [B, H, K, V] fp32 or None.
     Returns o [B, T, H, V] (v's dtype), the final state [B, H, K, V] fp32 (0 elements unless asked), and what the
-    backward reads: b [B, T, H, 1] fp32, Tm [B, T, H, C] and w [B, T, H, K] (k's dtype), h [B, NT, H, K, V]
-    (state_dtype), v_new [B, T, H, V] (v's dtype), A [B, T, H, C] (q's dtype). All are made by the forward
-    anyway, so returning them costs no work. reset, n_docs: packed documents (ops/varlen.Documents; states
-    [n_docs, H, K, V]), or None, 0."""
+    backward reads: b [B, T, H, 1] fp32 and its residual r [B, T, H, 1] fp32, Tm [B, T, H, C] and w [B, T, H, K]
+    (k's dtype), h [B, NT, H, K, V] (state_dtype), v_new [B, T, H, V] (v's dtype), A [B, T, H, C] (q's dtype).
+    All are made by the forward anyway, so returning them costs no work. reset, n_docs: packed documents
+    (ops/varlen.Documents; states [n_docs, H, K, V]), or None, 0."""
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     h0 = initial_state.contiguous() if initial_state is not None else None
     b = chunk_cumsum(g.unsqueeze(-1), chunk_size)                             # [B, T, H, 1] fp32
-    Ai, w, u = wy_fwd(k, v, b, beta, chunk_size)
-    h, v_new, ht = delta_h_fwd(k, w, u, b, h0, output_final_state, chunk_size, state_dtype=state_dtype,
+    res = chunk_residual(g.unsqueeze(-1), b, chunk_size)
+    Ai, w, u = wy_fwd(k, v, b, res, beta, chunk_size)
+    h, v_new, ht = delta_h_fwd(k, w, u, b, res, h0, output_final_state, chunk_size, state_dtype=state_dtype,
                                docs=documents(reset, n_docs))
-    o, A = chunk_fwd_o_scalar(q, k, v_new, b, h, scale, chunk_size)
-    return o, (ht if output_final_state else absent(q)), b, Ai, w, h, v_new, A
+    o, A = chunk_fwd_o_scalar(q, k, v_new, b, h, scale, chunk_size, res)
+    return o, (ht if output_final_state else absent(q)), b, res, Ai, w, h, v_new, A
 
 
-def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
-              Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor, A: torch.Tensor,
-              do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int, need_dh0: bool,
-              g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int) -> tuple[torch.Tensor, ...]:
+def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
+              res: torch.Tensor, Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor,
+              A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int,
+              need_dh0: bool, g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int
+              ) -> tuple[torch.Tensor, ...]:
     """chunk_bwd's outputs as empty tensors, from shape arithmetic alone."""
     B, T, H, K = q.shape
     V = v.shape[-1]
@@ -92,18 +101,17 @@ def _bwd_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 
 
 @kernel_op("gated_delta_chunk_bwd", _bwd_fake)
-def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
-              Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor, A: torch.Tensor,
-              do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int, need_dh0: bool,
-              g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int
+def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, b: torch.Tensor,
+              res: torch.Tensor, Ai: torch.Tensor, w: torch.Tensor, h: torch.Tensor, v_new: torch.Tensor,
+              A: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, scale: float, chunk_size: int,
+              need_dh0: bool, g_dtype: torch.dtype, reset: torch.Tensor | None, n_docs: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The saved tensors as chunk_fwd returns them (with the inputs q, k, v, g, beta); do [B, T, H, V] contiguous;
+    """The saved tensors as chunk_fwd returns them (with the inputs q, k, v, beta); do [B, T, H, V] contiguous;
     dht [B, H, K, V] or None. Returns dq, dk, dv (input dtypes), dg [B, T, H] in g_dtype, dβ [B, T, H] in beta's
     dtype, dh0 [B, H, K, V] fp32 (0 elements unless need_dh0). dh is stored in h's dtype (the state_dtype)."""
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     C = chunk_size
     dA = chunk_bwd_dA(do, v_new, C)
-    res = chunk_residual(g.unsqueeze(-1), b, C)
     dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, C)
     dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, res, A, do, dht, need_dh0, scale, C, state_dtype=h.dtype,
                                   docs=documents(reset, n_docs))
@@ -116,9 +124,9 @@ def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:
     """Saves the inputs the backward reads and the intermediates, which carry no gradient of their own."""
     q, k, v, g, beta, scale, _, output_final_state, chunk_size, _, reset, n_docs = inputs
-    _, ht, b, Ai, w, h, v_new, A = output
-    ctx.mark_non_differentiable(b, Ai, w, h, v_new, A)
-    ctx.save_for_backward(q, k, v, g, beta, b, Ai, w, h, v_new, A, reset)
+    _, ht, b, res, Ai, w, h, v_new, A = output
+    ctx.mark_non_differentiable(b, res, Ai, w, h, v_new, A)
+    ctx.save_for_backward(q, k, v, beta, b, res, Ai, w, h, v_new, A, reset)
     ctx.n_docs = n_docs
     ctx.scale, ctx.chunk_size, ctx.g_dtype, ctx.has_ht = scale, chunk_size, g.dtype, output_final_state
 

@@ -30,11 +30,12 @@ MAX_K = 256
 
 
 @triton.jit
-def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                       BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
+def delta_h_fwd_kernel(k, w, u, b, res, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: tl.constexpr,
+                       V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr,
                        STORE_HT: tl.constexpr, PREC: tl.constexpr, reset=None, HAS_RESET: tl.constexpr = False):
     """HAS_RESET (packed documents, B = 1; ops/chunkwise/resets.py): the state restarts at each document's first
-    chunk from h0 [N, H, K, V] or zero, and ht [N, H, K, V] gets each document's final state."""
+    chunk from h0 [N, H, K, V] or zero, and ht [N, H, K, V] gets each document's final state. exp(b_L − b) adds
+    r_L − r (res: b's residual, ops/chunkwise/cumsum.py), as the backward does."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
@@ -60,8 +61,10 @@ def delta_h_fwd_kernel(k, w, u, b, h, v_new, h0, ht, T, NT, H: tl.constexpr, K: 
         store_rows(v_new, b_vn, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
+        c_d = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
+            tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_kt = load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
-        b_kt = b_kt * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[None, :]
+        b_kt = b_kt * tl.exp(tl.where(m_t, (b_bl - b_b) + c_d, 0.0))[None, :]
         b_h *= tl.exp(b_bl)
         b_h += tl.dot(b_kt.to(b_w.dtype), b_vn.to(b_w.dtype), input_precision=PREC)
     if STORE_HT:
@@ -133,10 +136,11 @@ def state_tiles(K: int, V: int, BV: int | None) -> tuple[int, int]:
     return max(16, next_power_of_2(K)), BV or tile(V)
 
 
-def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None,
-                output_final_state: bool, chunk_size: int, BV: int | None = None, num_warps: int = 8,
-                state_dtype: torch.dtype | None = None, docs: Documents | None = None):
-    """k, w: [B, T, H, K]; u: [B, T, H, V]; b: [B, T, H, 1] fp32. Returns h [B, NT, H, K, V] in state_dtype
+def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tensor, res: torch.Tensor,
+                h0: torch.Tensor | None, output_final_state: bool, chunk_size: int, BV: int | None = None,
+                num_warps: int = 8, state_dtype: torch.dtype | None = None, docs: Documents | None = None):
+    """k, w: [B, T, H, K]; u: [B, T, H, V]; b: [B, T, H, 1] fp32 and res its residual
+    (ops/chunkwise/cumsum.chunk_residual). Returns h [B, NT, H, K, V] in state_dtype
     (default k's dtype; the state entering each chunk), v_new [B, T, H, V] (u's dtype) and the final state
     [B, H, K, V] fp32, or None. docs: packed documents in the chunk-aligned layout (h0 and the final state
     [N, H, K, V])."""
@@ -147,7 +151,7 @@ def delta_h_fwd(k: torch.Tensor, w: torch.Tensor, u: torch.Tensor, b: torch.Tens
     v_new = torch.empty_like(u)
     ht = torch.empty(B if docs is None else docs.n, H, K, V, dtype=torch.float32, device=k.device) \
         if output_final_state else None
-    delta_h_fwd_kernel[(cdiv(V, BV), B * H)](k, w, u, b, h, v_new, h0, ht, T, NT, H, K, V, chunk_size, BK, BV,
+    delta_h_fwd_kernel[(cdiv(V, BV), B * H)](k, w, u, b, res, h, v_new, h0, ht, T, NT, H, K, V, chunk_size, BK, BV,
                                                      h0 is not None, output_final_state, dot_precision(u),
                                                      num_warps=num_warps, **reset_args(docs))
     return h, v_new, ht

@@ -32,10 +32,10 @@ from ops.triton_utils import dot_precision, tile
 
 
 @triton.jit
-def _kkt_block(k, b, beta, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
+def _kkt_block(k, b, res, beta, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constexpr, BC: tl.constexpr,
                BK: tl.constexpr, DIAG: tl.constexpr, PREC: tl.constexpr):
     """The block of L with rows t_i and columns t_j: β_i exp(b_i − b_j) (k_i · k_j), strictly lower when
-    DIAG (a diagonal block), 0 past T."""
+    DIAG (a diagonal block), 0 past T. The exponent adds r_i − r_j (res: b's residual)."""
     m_i, m_j = t_i < T, t_j < T
     b_L = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
@@ -48,8 +48,11 @@ def _kkt_block(k, b, beta, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.constex
         keep = keep & (t_i[:, None] > t_j[None, :])
     b_bi = tl.load(b + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0)
     b_bj = tl.load(b + row_offsets(i_b, i_h, t_j, T, H, 1), mask=m_j, other=0.0)
+    c_i = tl.load(res + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0)
+    c_j = tl.load(res + row_offsets(i_b, i_h, t_j, T, H, 1), mask=m_j, other=0.0)
     b_betai = tl.load(beta + row_offsets(i_b, i_h, t_i, T, H, 1), mask=m_i, other=0.0).to(tl.float32)
-    return b_L * b_betai[:, None] * tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
+    b_e = (b_bi[:, None] - b_bj[None, :]) + (c_i[:, None] - c_j[None, :])
+    return b_L * b_betai[:, None] * tl.exp(tl.where(keep, b_e, float("-inf")))
 
 
 @triton.jit
@@ -108,7 +111,7 @@ def _store_rows(out, y, i_b, i_h, t_i, o_d, m_d, T, H: tl.constexpr, D: tl.const
 
 
 @triton.jit
-def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def wy_fwd_kernel(k, v, b, res, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BT: tl.constexpr, BC: tl.constexpr, NB: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   PREC: tl.constexpr):
     """One program per chunk, in NB ∈ {1, 2, 4} row blocks of BC rows (explicit, as Triton has no
@@ -121,15 +124,15 @@ def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, 
     t1, t2, t3 = t0 + BC, t0 + 2 * BC, t0 + 3 * BC
     eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
     zero = tl.zeros([BC, BC], dtype=tl.float32)
-    L00 = _kkt_block(k, b, beta, i_b, i_h, t0, t0, T, H, K, BC, BK, True, PREC)
+    L00 = _kkt_block(k, b, res, beta, i_b, i_h, t0, t0, T, H, K, BC, BK, True, PREC)
     X0, X1, X2, X3 = eye, eye, eye, eye
     T10, T20, T21, T30, T31, T32 = zero, zero, zero, zero, zero, zero
     L11, L22, L33 = zero, zero, zero
     if NB >= 2:
-        L11 = _kkt_block(k, b, beta, i_b, i_h, t1, t1, T, H, K, BC, BK, True, PREC)
+        L11 = _kkt_block(k, b, res, beta, i_b, i_h, t1, t1, T, H, K, BC, BK, True, PREC)
     if NB >= 4:
-        L22 = _kkt_block(k, b, beta, i_b, i_h, t2, t2, T, H, K, BC, BK, True, PREC)
-        L33 = _kkt_block(k, b, beta, i_b, i_h, t3, t3, T, H, K, BC, BK, True, PREC)
+        L22 = _kkt_block(k, b, res, beta, i_b, i_h, t2, t2, T, H, K, BC, BK, True, PREC)
+        L33 = _kkt_block(k, b, res, beta, i_b, i_h, t3, t3, T, H, K, BC, BK, True, PREC)
     for r in range(1, BC):               # the NB substitutions are independent: one loop, four chains
         X0 = _substitute_row(L00, X0, o, r)
         if NB >= 2:
@@ -138,14 +141,14 @@ def wy_fwd_kernel(k, v, b, beta, Ai, w, u, T, H: tl.constexpr, K: tl.constexpr, 
             X2 = _substitute_row(L22, X2, o, r)
             X3 = _substitute_row(L33, X3, o, r)
     if NB >= 2:
-        L10 = _kkt_block(k, b, beta, i_b, i_h, t1, t0, T, H, K, BC, BK, False, PREC)
+        L10 = _kkt_block(k, b, res, beta, i_b, i_h, t1, t0, T, H, K, BC, BK, False, PREC)
         T10 = -tl.dot(X1, tl.dot(L10, X0, input_precision="ieee"), input_precision="ieee")
     if NB >= 4:
-        L20 = _kkt_block(k, b, beta, i_b, i_h, t2, t0, T, H, K, BC, BK, False, PREC)
-        L21 = _kkt_block(k, b, beta, i_b, i_h, t2, t1, T, H, K, BC, BK, False, PREC)
-        L30 = _kkt_block(k, b, beta, i_b, i_h, t3, t0, T, H, K, BC, BK, False, PREC)
-        L31 = _kkt_block(k, b, beta, i_b, i_h, t3, t1, T, H, K, BC, BK, False, PREC)
-        L32 = _kkt_block(k, b, beta, i_b, i_h, t3, t2, T, H, K, BC, BK, False, PREC)
+        L20 = _kkt_block(k, b, res, beta, i_b, i_h, t2, t0, T, H, K, BC, BK, False, PREC)
+        L21 = _kkt_block(k, b, res, beta, i_b, i_h, t2, t1, T, H, K, BC, BK, False, PREC)
+        L30 = _kkt_block(k, b, res, beta, i_b, i_h, t3, t0, T, H, K, BC, BK, False, PREC)
+        L31 = _kkt_block(k, b, res, beta, i_b, i_h, t3, t1, T, H, K, BC, BK, False, PREC)
+        L32 = _kkt_block(k, b, res, beta, i_b, i_h, t3, t2, T, H, K, BC, BK, False, PREC)
         T21 = -tl.dot(X2, tl.dot(L21, X1, input_precision="ieee"), input_precision="ieee")
         T32 = -tl.dot(X3, tl.dot(L32, X2, input_precision="ieee"), input_precision="ieee")
         T20 = -tl.dot(X2, tl.dot(L20, X0, input_precision="ieee") + tl.dot(L21, T10, input_precision="ieee"),
@@ -264,9 +267,10 @@ def wy_bwd_dk_kernel(k, M, dk_wy, dk_in, dk, T, H: tl.constexpr, K: tl.constexpr
     store_rows(dk, b_dk, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
 
 
-def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor, chunk_size: int,
-           num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, 1] fp32 chunk-local cumsum; beta: [B, T, H].
+def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, res: torch.Tensor, beta: torch.Tensor,
+           chunk_size: int, num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, 1] fp32 chunk-local cumsum and res its residual
+    (ops/chunkwise/cumsum.chunk_residual), added to every exponent b_i − b_j of L; beta: [B, T, H].
     Returns Tm [B, T, H, C], w [B, T, H, K], u [B, T, H, V], all in k's dtype (Tm is solved and applied
     in fp32; stored for the backward in bf16 for bf16 inputs, as fla stores it, halving its traffic).
     num_warps: 2 for 16-row blocks (C ≤ 64), 8 for C = 128's 32-row blocks (module docstring)."""
@@ -275,7 +279,7 @@ def wy_fwd(k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, beta: torch.Tensor
     Ai = torch.empty(B, T, H, chunk_size, dtype=k.dtype, device=k.device)
     w, u = torch.empty_like(k), torch.empty_like(v)
     BC = max(16, chunk_size // 4)
-    wy_fwd_kernel[(cdiv(T, chunk_size), B * H)](k, v, b, beta, Ai, w, u, T, H, K, V, chunk_size, BC,
+    wy_fwd_kernel[(cdiv(T, chunk_size), B * H)](k, v, b, res, beta, Ai, w, u, T, H, K, V, chunk_size, BC,
                                                         chunk_size // BC, tile(K), tile(V), dot_precision(k),
                                                         num_warps=num_warps or (2 if BC == 16 else 8))
     return Ai, w, u

@@ -13,9 +13,10 @@ decay they dwarf the true ∂g and would cancel to their rounding. And the expon
 b_t − b_s carries ulp(|b|) of rounding, up to 2e-4 relative at |b| ~ 3000 (C = 64 at −50 per step), and a decay
 gradient made of near pairs only, as at strong decay, has that relative error unless the backward adds the residual
 of b's rounding to every exponent (ops/chunkwise/cumsum.py); the decays are drawn off any grid, so b's rounding is
-real. The MIXED head puts −1 next to −50 at random steps (test_ssd_dA says why not for SSD's ∂A);
-∂g_u = Σ_{t≥u} db_t within the chunk, whose reverse cumsum must be a scan of its own
-(test_reverse_cumsum_keeps_small_suffixes).
+real. Gated DeltaNet's forward adds it too: its state and Tm, which the next chunk and the backward read, are formed
+from such exponents: without it a MIXED chunk ending in weak steps puts up to 1e-5 of error into the next chunk's ∂g.
+The MIXED head puts −1 next to −50 at random steps (test_ssd_dA says why not for SSD's ∂A); ∂g_u = Σ_{t≥u} db_t
+within the chunk, whose reverse cumsum must be a scan of its own (test_reverse_cumsum_keeps_small_suffixes).
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_gla_dgk(backend, device, poison_empty):
     per-key decays, the kernels here)."""
     from ops.gla.naive import gla_recurrent
 
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    seed = torch.seed() % 2**31
+    gen = torch.Generator().manual_seed(seed)
     B, K, V = 1, 2 * H, 4
     q, k = (torch.randn(B, T, 1, K, generator=gen, dtype=torch.float64) for _ in range(2))
     v = torch.randn(B, T, 1, V, generator=gen, dtype=torch.float64)
@@ -86,7 +88,7 @@ def test_gla_dgk(backend, device, poison_empty):
                            lambda *x: get_op("gla", backend)(*x[:4], initial_state=x[4], output_final_state=True,
                                                              chunk_size=C), inputs, gen, device)
     per_regime = lambda x: x[:, :, 0].unflatten(-1, (H, 2))                         # noqa: E731  [B, T, H, 2]
-    assert_per_head(per_regime(got[3]), per_regime(ref[3]), per_regime(ref[3]), "dgk")
+    assert_per_head(per_regime(got[3]), per_regime(ref[3]), per_regime(ref[3]), f"dgk (seed {seed})")
 
 
 @pytest.mark.parametrize("backend", backends_under_test("ssd"))
@@ -98,7 +100,8 @@ def test_ssd_dA(backend, device, poison_empty):
     weighs each step by its dt, 50 times larger at the strong steps: up to 4e-5 of ∂A's terms."""
     from ops.ssd.naive import ssd_recurrent
 
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    seed = torch.seed() % 2**31
+    gen = torch.Generator().manual_seed(seed)
     B, H, P, N = 1, len(SSD_DECAYS), 4, 8
     x = torch.randn(B, T, H, P, generator=gen, dtype=torch.float64)
     A = -(2.0 ** torch.randint(0, 4, (H,), generator=gen)).double()     # powers of two: dt · A exact in fp32
@@ -111,14 +114,15 @@ def test_ssd_dA(backend, device, poison_empty):
                                                                chunk_size=C), inputs, gen, device)
     x, dt, A, Bm, Cm, h0 = (t.double() for t in inputs)
     terms = dA_terms(x, dt, A, Bm, Cm, h0, dy, ds)                                     # [H]
-    assert_per_head(got[2], ref[2], terms, "dA", SSD_DECAYS)
+    assert_per_head(got[2], ref[2], terms, f"dA (seed {seed})", SSD_DECAYS)
 
 
 @pytest.mark.parametrize("backend", backends_under_test("gated_delta"))
 def test_gated_delta_dg(backend, device, poison_empty):
     from ops.gated_delta.naive import gated_delta_recurrent
 
-    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    seed = torch.seed() % 2**31
+    gen = torch.Generator().manual_seed(seed)
     B, K, V = 1, 8, 4
     q = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64)
     k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
@@ -131,7 +135,7 @@ def test_gated_delta_dg(backend, device, poison_empty):
                            lambda *a: get_op("gated_delta", backend)(*a[:5], initial_state=a[5],
                                                                      output_final_state=True, chunk_size=C),
                            inputs, gen, device)
-    assert_per_head(got[3], ref[3], ref[3], "dg")
+    assert_per_head(got[3], ref[3], ref[3], f"dg (seed {seed})")
 
 
 def test_reverse_cumsum_keeps_small_suffixes(device, poison_empty):

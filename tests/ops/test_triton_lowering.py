@@ -130,7 +130,8 @@ KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs-seeded"] = (
                             "STORE_HT": False, "S": 4, "ht": None, "lam": None})
 # the delta rule's state passes, their packed-document variants only (the plain ones run through check_sm80.py)
 _with_docs("ops.gated_delta.delta_state.delta_h_fwd_kernel", {"reset": "*i32"}, {}, (
-    {"k": BF16, "w": BF16, "u": BF16, "b": F32, "h": BF16, "v_new": BF16, "h0": F32, "ht": F32}, ("T", "NT"), (),
+    {"k": BF16, "w": BF16, "u": BF16, "b": F32, "res": F32, "h": BF16, "v_new": BF16, "h0": F32, "ht": F32},
+    ("T", "NT"), (),
     {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "USE_H0": True, "STORE_HT": True, "PREC": "tf32"}))
 _with_docs("ops.gated_delta.delta_state.delta_h_bwd_kernel", {"reset": "*i32"}, {}, (
     {"q": BF16, "k": BF16, "w": BF16, "b": F32, "res": F32, "A": BF16, "do": BF16, "dh": BF16, "dv_new": F32,
