@@ -6,12 +6,15 @@ decay forms A inside the output kernel), and the hand-written backward through t
 
 Precision: b = cumsum(g) is held in fp32, as in flash-linear-attention, so an exponent b_i − b_j
 carries an absolute error of about ulp(|b|) ≈ |b| · 6e-8: invisible for realistic decays (|b| ≲ 100 within a
-chunk), ~1e-4 relative where per-step log-decays of order −50 accumulate to |b| ~ 10³. The forward keeps it (its
-output is ruled by the undecayed diagonal pairs); the backward does not, since at strong decay the decay gradient
-is made of pairs one or two steps apart and nothing else: every exponent of the kernels that form dq, dk and db
-adds the residual r of b's rounding (cumsum.py), (b_i − b_j) + (r_i − r_j), which is exact where the pair carries
-weight (per-key kernels read r only in chunks whose decay exceeds cumsum.RESIDUAL_FROM). The backward recomputes
-r from g (saved with the inputs) and b. With that and no undecayed pair in db (output.py), the decay
+chunk), ~1e-4 relative where per-step log-decays of order −50 accumulate to |b| ~ 10³. The forward's output keeps
+it (it is ruled by the undecayed diagonal pairs), but the state pass adds r_L − r to exp(b_L − b) (state.py): a
+chunk of strong steps ending in weak ones leaves a state made of its last rows, each ~1e-4 off otherwise, and the
+next chunk's decay gradient reads it (GLA's mixed decays in tests/ops/test_decay_grad.py reached 1e-5). The forward
+forms r for that (cumsum.chunk_residual). The backward keeps b's rounding nowhere, since at strong decay the decay
+gradient is made of pairs one or two steps apart and nothing else: every exponent of the kernels that form dq, dk
+and db adds the residual r of b's rounding (cumsum.py), (b_i − b_j) + (r_i − r_j), which is exact where the pair
+carries weight (per-key kernels read r only in chunks whose decay exceeds cumsum.RESIDUAL_FROM). The backward
+recomputes r from g (saved with the inputs) and b. With that and no undecayed pair in db (output.py), the decay
 gradients hold 1e-5 relative at decays down to −50 per step (tests/ops/test_decay_grad.py).
 """
 from __future__ import annotations
@@ -49,7 +52,8 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     reset, n_docs: packed documents (ops/varlen.Documents; states [n_docs, H, K, V]), or None, 0."""
     H = v.shape[2]
     q, k, v, b, h, ht = states_forward(expand_heads(q, H), expand_heads(k, H), v, g, initial_state,
-                                       output_final_state, chunk_size, split_state, documents(reset, n_docs))
+                                       output_final_state, chunk_size, split_state, documents(reset, n_docs),
+                                       residual=True)
     if b.shape[-1] == 1:
         o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
     else:
@@ -136,15 +140,17 @@ def sum_groups(dx: torch.Tensor, G: int) -> torch.Tensor:
 
 
 def states_forward(q, k, v, g, initial_state, output_final_state: bool, chunk_size: int, split_state: bool,
-                   docs: Documents | None = None):
+                   docs: Documents | None = None, residual: bool = False):
     """What every chunkwise forward (this module's operator, ops/gla/fused.py's) does first: contiguous
     inputs, b = chunk-local cumsum of g and the states entering each chunk (split or not; never split with
-    packed documents, docs). Returns q, k, v, b, h, final state."""
+    packed documents, docs). residual: the state pass adds b's residual (module docstring).
+    Returns q, k, v, b, h, final state."""
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     h0 = initial_state.contiguous() if initial_state is not None else None
     b = chunk_cumsum(g, chunk_size)
     h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size,
-                        state_segments(k, v, chunk_size, split_state and docs is None), docs=docs)
+                        state_segments(k, v, chunk_size, split_state and docs is None), docs=docs,
+                        res=chunk_residual(g, b, chunk_size) if residual else None)
     return q, k, v, b, h, ht
 
 

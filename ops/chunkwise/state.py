@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ops.varlen import Documents
+from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_mask
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.triton_utils import cdiv, dot_precision, load_rows, row_offsets, sm_count, tile
 
@@ -63,9 +64,12 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
                        SEEDED: tl.constexpr, STEP: tl.constexpr = False, reset=None, hd=None,
-                       HAS_RESET: tl.constexpr = False):
+                       HAS_RESET: tl.constexpr = False, res=None, RES: tl.constexpr = False,
+                       MAXR: tl.constexpr = 0.0):
     """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
     state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused).
+    RES: exp(b_L − b) adds r_L − r (res: b's residual; a per-key r is read only in the key tiles whose chunk decay
+    exceeds MAXR, where cumsum.chunk_residual writes it).
     SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from).
     HAS_RESET (packed documents, S = 1 or SEEDED; resets.py): the state restarts at each document's first chunk
     from hd [N, H, K, V] (USE_H0) or zero, and ht [N, H, K, V] gets each document's final state."""
@@ -94,11 +98,21 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
         b_b, b_bl = _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR, STEP)
+        last = tl.minimum(i_t * BT + BT, T) - 1
         if SCALAR:
-            b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+            b_d = b_bl - b_b
+            if RES:
+                b_d += tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
+                    tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+            b_kd = b_k * tl.exp(tl.where(m_t, b_d, 0.0))[:, None]
             b_h *= tl.exp(b_bl)
         else:
-            b_kd = b_k * tl.exp(tl.where(m_t[:, None] & (o_k[None, :] < K), b_bl[None, :] - b_b, 0.0))
+            b_d = b_bl[None, :] - b_b
+            if RES:
+                m_r = residual_mask(o_k < K, b_bl, MAXR)
+                b_d += tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_r, other=0.0)[None, :] - \
+                    load_rows(res, i_b, i_h, o_t, m_t, o_k, m_r, T, H, K)
+            b_kd = b_k * tl.exp(tl.where(m_t[:, None] & (o_k[None, :] < K), b_d, 0.0))
             b_h *= tl.exp(b_bl)[:, None]
         b_lam += b_bl
         b_h += tl.dot(tl.trans(b_kd.to(b_v.dtype)), b_v, input_precision=PREC)
@@ -225,15 +239,19 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
 
 
 def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments: int = 1, step_decays: bool = False,
-                docs: Documents | None = None, **launch):
+                docs: Documents | None = None, res: torch.Tensor | None = None, **launch):
     """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32, chunk-local cumulative (cumsum.py). Returns
     h [B, NT, H, K, V] in k's dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or
     None. segments > 1: the split scan (module docstring; split_segments picks it). step_decays: b holds the
     per-step log-decays instead, in any float dtype (bf16 halves their read), and the kernels take the
     chunk-local cumsum in registers. launch: num_warps / num_stages for the first pass.
     docs (packed documents, B = 1, chunk-aligned; resets.py): the state restarts at each document from h0[n]
-    ([N, H, K, V]) or zero and the final state is [N, H, K, V]; the scan is not split (segments must be 1)."""
+    ([N, H, K, V]) or zero and the final state is [N, H, K, V]; the scan is not split (segments must be 1).
+    res: b's residual (cumsum.chunk_residual), added to every exponent b_L − b, or None (b alone)."""
     B, T, H, K = k.shape
+    if res is not None and step_decays:
+        raise ValueError("chunk_fwd_h: b's residual needs the cumulative b (step_decays=False); per-step decays "
+                         "have none")
     V, NT = v.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
@@ -245,7 +263,8 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
-                             **_reset_args(docs, S, hd=h0), **(dict(num_warps=4, num_stages=1) | launch))
+                             **_reset_args(docs, S, hd=h0), res=res, RES=res is not None, MAXR=RESIDUAL_FROM,
+                             **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  False, output_final_state, step_decays)
@@ -344,21 +363,25 @@ def segment_plan(NT: int, segments: int) -> tuple[int, int]:
 
 
 def pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
-    """[B, T, H, D] → [B, NT, C, H, D] fp32, zero-padded."""
+    """[B, T, H, D] → [B, NT, C, H, D] fp32 (fp64 for fp64 x), zero-padded."""
     B, T, H, D = x.shape
-    return torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, -T % C)).view(B, -1, C, H, D)
+    return torch.nn.functional.pad(_ref_dtype(x), (0, 0, 0, 0, 0, -T % C)).view(B, -1, C, H, D)
+
+
+def _ref_dtype(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def chunk_last(b: torch.Tensor, T: int, C: int) -> torch.Tensor:
     """b at each chunk's last valid row: [B, NT, H, S]."""
     idx = torch.clamp(torch.arange(C - 1, T + C - 1, C, device=b.device)[:cdiv(T, C)], max=T - 1)
-    return b[:, idx].float()
+    return _ref_dtype(b[:, idx])
 
 
 def chunk_fwd_h_ref(k, v, b, h0, chunk_size):
     B, T, H, K = k.shape
     kc, vc, bc, bl = pad_chunks(k, chunk_size), pad_chunks(v, chunk_size), pad_chunks(b, chunk_size), chunk_last(b, T, chunk_size)
-    S = torch.zeros(B, H, K, v.shape[-1], device=k.device) if h0 is None else h0.float()
+    S = kc.new_zeros(B, H, K, v.shape[-1]) if h0 is None else h0.to(kc.dtype)
     hs = []
     for n in range(kc.shape[1]):
         hs.append(S)

@@ -14,7 +14,7 @@ from ops.chunkwise.state import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chu
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
 from ops.chunkwise.output import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref, chunk_fwd_o_scalar)
-from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_ref
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_ref, chunk_residual
 from ops.chunkwise.decay_attention import expand_heads
 from tests.helpers import rel_err
 
@@ -84,3 +84,21 @@ def test_expand_heads_copies_each_group_to_its_heads(B, T, G, H, D, device):
     y = expand_heads(x, H)
     assert y.is_contiguous() and torch.equal(y, x.repeat_interleave(H // G, dim=2))
     assert expand_heads(x, G) is x
+
+
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+def test_state_pass_adds_b_residual(scalar, device, poison_empty):
+    """A chunk of strong steps (−500) closed by eight weak ones (−0.2): |b| ~ 3e4 at its end, where b alone is off
+    by up to ulp(|b|) ~ 2e-3, and the state leaving the chunk is mostly those rows. With b's residual the state
+    pass matches the fp64 recurrence at the exact cumsum b + r; without it, it does not (the check can fail)."""
+    B, T, H, K, V, C = 1, 70, 2, 8, 4, 64
+    g = -500 * (0.9 + 0.2 * torch.rand(B, T, H, 1 if scalar else K, dtype=torch.float64))
+    g[:, C - 8:C] /= 2500
+    k, v, h0, g = (x.to(device) for x in (torch.randn(B, T, H, K), torch.randn(B, T, H, V), torch.randn(B, H, K, V),
+                                          g.float()))
+    b = chunk_cumsum(g, C)
+    res = chunk_residual(g, b, C)
+    h_ref, ht_ref = chunk_fwd_h_ref(k.double(), v.double(), b.double() + res.double(), h0.double(), C)
+    h, ht = chunk_fwd_h(k, v, b, h0, True, C, res=res)
+    assert rel_err(h, h_ref) < 1e-6 and rel_err(ht, ht_ref) < 1e-6
+    assert rel_err(chunk_fwd_h(k, v, b, h0, True, C)[0][:, 1], h_ref[:, 1]) > 1e-4, "without r, chunk 0's state"

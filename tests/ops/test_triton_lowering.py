@@ -112,9 +112,11 @@ _STATE = {"S": 2, "H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "PREC"
 for _scalar, _step in [(False, True), (True, True), (False, False), (True, False)]:
     _b, _tag = (BF16 if _step else F32), f"#{'scalar' if _scalar else 'gk'}-{'step' if _step else 'cumsum'}"
     _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
+    _res = {} if _step else {"res": F32}                      # b's residual goes with the cumulative b
     KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = (
-        {"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
-        {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False})
+        {"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32, **_res}, ("T", "NT", "NS"), (),
+        {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False,
+         "RES": not _step, "MAXR": 64.0, **({"res": None} if _step else {})})
     KERNELS["ops.chunkwise.state.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
         ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True, "reset": None, "HAS_RESET": False})
