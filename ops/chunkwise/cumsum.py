@@ -20,10 +20,11 @@ import triton.language as tl
 
 from ops.triton_utils import cdiv, next_power_of_2, row_offsets
 
-# The chunk decay −b_L (largest over key dims) from which the per-key backward kernels add r: below it |b| ≤ 64 and
-# b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk. At realistic decays no
-# chunk gets there, and those kernels run as they would without r (residual_launches; fused GLA's sub-block kernels
-# mask their loads of r, residual_mask). A scalar decay's r is one value a row, read everywhere.
+# The chunk decay −b_L (largest over key dims) from which the per-key kernels add r (the backward's and the forward
+# state pass): below it |b| ≤ 64 and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average
+# over a chunk. At realistic decays no chunk gets there, and those kernels run as they would without r
+# (residual_launches; the state pass and fused GLA's sub-block kernels mask their loads of r, residual_mask). A
+# scalar decay's r is one value a row, read everywhere.
 RESIDUAL_FROM = 64.0
 
 

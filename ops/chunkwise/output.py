@@ -37,9 +37,9 @@ from ops.triton_utils import dot_precision, tile
 @triton.jit
 def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
-                       INLINE_A: tl.constexpr, PREC: tl.constexpr, res=None, HAS_RES: tl.constexpr = False):
+                       INLINE_A: tl.constexpr, PREC: tl.constexpr, res=None, EXACT: tl.constexpr = False):
     """INLINE_A (scalar decay only): form A = scale (q kᵀ) ⊙ exp(b_i − b_j) here instead of reading it,
-    and store it for the backward from the first V tile's program; HAS_RES: the exponent adds r_i − r_j (res:
+    and store it for the backward from the first V tile's program; EXACT: the exponent adds r_i − r_j (res:
     b's residual, cumsum.py)."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
@@ -70,7 +70,7 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     if INLINE_A:
         keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
         b_e = b_b[:, None] - b_b[None, :]
-        if HAS_RES:
+        if EXACT:
             c_b = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
             b_e += c_b[:, None] - c_b[None, :]
         b_A = (b_s * tl.exp(tl.where(keep, b_e, float("-inf"))) * scale).to(A.dtype.element_ty)

@@ -64,11 +64,11 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
                        SEEDED: tl.constexpr, STEP: tl.constexpr = False, reset=None, hd=None,
-                       HAS_RESET: tl.constexpr = False, res=None, RES: tl.constexpr = False,
-                       MAXR: tl.constexpr = 0.0):
+                       HAS_RESET: tl.constexpr = False, res=None, EXACT: tl.constexpr = False,
+                       MAXR: tl.constexpr = RESIDUAL_FROM):
     """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
     state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused).
-    RES: exp(b_L − b) adds r_L − r (res: b's residual; a per-key r is read only in the key tiles whose chunk decay
+    EXACT: exp(b_L − b) adds r_L − r (res: b's residual; a per-key r is read only in the key tiles whose chunk decay
     exceeds MAXR, where cumsum.chunk_residual writes it).
     SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from).
     HAS_RESET (packed documents, S = 1 or SEEDED; resets.py): the state restarts at each document's first chunk
@@ -101,14 +101,14 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
         last = tl.minimum(i_t * BT + BT, T) - 1
         if SCALAR:
             b_d = b_bl - b_b
-            if RES:
+            if EXACT:
                 b_d += tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
                     tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
             b_kd = b_k * tl.exp(tl.where(m_t, b_d, 0.0))[:, None]
             b_h *= tl.exp(b_bl)
         else:
             b_d = b_bl[None, :] - b_b
-            if RES:
+            if EXACT:
                 m_r = residual_mask(o_k < K, b_bl, MAXR)
                 b_d += tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_r, other=0.0)[None, :] - \
                     load_rows(res, i_b, i_h, o_t, m_t, o_k, m_r, T, H, K)
@@ -263,7 +263,7 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
-                             **_reset_args(docs, S, hd=h0), res=res, RES=res is not None, MAXR=RESIDUAL_FROM,
+                             **_reset_args(docs, S, hd=h0), res=res, EXACT=res is not None,
                              **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,

@@ -12,10 +12,11 @@ v := v_new; the WY backward (du = dv_new, dw = −dv_new h_nᵀ) into dk, dv, d�
 dg = reverse chunk cumsum of db. Saved for backward: b, r, Tm, w, h, v_new and A (no recomputation).
 
 Every exponent b_i − b_j, forward and backward, adds r_i − r_j, the residual of b's fp32 rounding
-(ops/chunkwise/cumsum.py). GLA's forward leaves it out (ops/chunkwise/decay_attention.py), but here the state
-and Tm are read back by the next chunk's v_new = u − w h_n and by the backward: at strong decay a chunk ending in
-weak steps has |b| ~ 10³ and exponents near 0 off by ulp(|b|), which the state carries on, and the decay gradient
-of the chunk after it would be off by up to 1e-5 relative (tests/ops/test_decay_grad.py's mixed head).
+(ops/chunkwise/cumsum.py). GLA's and SSD's forward add it only in their state pass (ops/chunkwise/decay_attention.py:
+their output is ruled by the undecayed diagonal pairs), but here Tm and the output's A are read back as well, by
+v_new = u − w h_n and by the backward. At strong decay a chunk ending in weak steps has |b| ~ 10³ and exponents
+near 0 off by ulp(|b|) in b alone, and the decay gradient of the chunk after it was then off by up to 1e-5
+relative (tests/ops/test_decay_grad.py's mixed head).
 
 The two passes are the operators chunkfuse::gated_delta_chunk_fwd and chunkfuse::gated_delta_chunk_bwd
 (ops/library.py), so torch.compile traces through them: the forward returns the saved intermediates as extra,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ops.chunkwise.state import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chunk_fwd_h_ref
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
@@ -90,15 +91,21 @@ def test_expand_heads_copies_each_group_to_its_heads(B, T, G, H, D, device):
 def test_state_pass_adds_b_residual(scalar, device, poison_empty):
     """A chunk of strong steps (−500) closed by eight weak ones (−0.2): |b| ~ 3e4 at its end, where b alone is off
     by up to ulp(|b|) ~ 2e-3, and the state leaving the chunk is mostly those rows. With b's residual the state
-    pass matches the fp64 recurrence at the exact cumsum b + r; without it, it does not (the check can fail)."""
+    pass matches the fp64 recurrence at the exact cumsum of g; without it, it does not (≥ 2e-4 over 20 seeds: the
+    bound can fail). The ragged last chunk is weak (−0.1 a step), where a per-key r is left unwritten (NaN under
+    poison_empty) and must not be read."""
     B, T, H, K, V, C = 1, 70, 2, 8, 4, 64
-    g = -500 * (0.9 + 0.2 * torch.rand(B, T, H, 1 if scalar else K, dtype=torch.float64))
+    seed = torch.seed() % 2**31
+    gen = torch.Generator().manual_seed(seed)
+    g = -500 * (0.9 + 0.2 * torch.rand(B, T, H, 1 if scalar else K, generator=gen, dtype=torch.float64))
     g[:, C - 8:C] /= 2500
-    k, v, h0, g = (x.to(device) for x in (torch.randn(B, T, H, K), torch.randn(B, T, H, V), torch.randn(B, H, K, V),
-                                          g.float()))
+    g[:, C:] /= 5000
+    k, v, h0 = (torch.randn(*shape, generator=gen) for shape in ((B, T, H, K), (B, T, H, V), (B, H, K, V)))
+    k, v, h0, g = (x.to(device) for x in (k, v, h0, g.float()))
     b = chunk_cumsum(g, C)
     res = chunk_residual(g, b, C)
-    h_ref, ht_ref = chunk_fwd_h_ref(k.double(), v.double(), b.double() + res.double(), h0.double(), C)
+    exact = F.pad(g.double(), (0, 0, 0, 0, 0, -T % C)).unflatten(1, (-1, C)).cumsum(2).flatten(1, 2)[:, :T]
+    h_ref, ht_ref = chunk_fwd_h_ref(k.double(), v.double(), exact, h0.double(), C)
     h, ht = chunk_fwd_h(k, v, b, h0, True, C, res=res)
-    assert rel_err(h, h_ref) < 1e-6 and rel_err(ht, ht_ref) < 1e-6
-    assert rel_err(chunk_fwd_h(k, v, b, h0, True, C)[0][:, 1], h_ref[:, 1]) > 1e-4, "without r, chunk 0's state"
+    assert rel_err(h, h_ref) < 1e-6 and rel_err(ht, ht_ref) < 1e-6, f"seed {seed}"
+    assert rel_err(chunk_fwd_h(k, v, b, h0, True, C)[0][:, 1], h_ref[:, 1]) > 2e-5, f"without r (seed {seed})"

@@ -112,11 +112,13 @@ _STATE = {"S": 2, "H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "PREC"
 for _scalar, _step in [(False, True), (True, True), (False, False), (True, False)]:
     _b, _tag = (BF16 if _step else F32), f"#{'scalar' if _scalar else 'gk'}-{'step' if _step else 'cumsum'}"
     _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
-    _res = {} if _step else {"res": F32}                      # b's residual goes with the cumulative b
-    KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = (
-        {"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32, **_res}, ("T", "NT", "NS"), (),
-        {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False,
-         "RES": not _step, "MAXR": 64.0, **({"res": None} if _step else {})})
+    _fwd = ({"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
+            {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False,
+             "res": None, "EXACT": False, "MAXR": 64.0})
+    KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = _fwd
+    if not _step:                                            # the chunk operator's: b's residual with the cumulative b
+        KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag + "-exact"] = (
+            {**_fwd[0], "res": F32}, *_fwd[1:3], {**{k: v for k, v in _fwd[3].items() if k != "res"}, "EXACT": True})
     KERNELS["ops.chunkwise.state.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
         ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True, "reset": None, "HAS_RESET": False})
@@ -124,12 +126,13 @@ for _scalar, _step in [(False, True), (True, True), (False, False), (True, False
         {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
         {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
 # packed documents: the unsplit scan (S = 1) and the backward's seeded recompute
-_with_docs("ops.chunkwise.state.chunk_fwd_h_kernel#gk-cumsum", {"reset": "*i32", "hd": F32}, {"S": 1})
+_with_docs("ops.chunkwise.state.chunk_fwd_h_kernel#gk-cumsum-exact", {"reset": "*i32", "hd": F32}, {"S": 1})
 _with_docs("ops.chunkwise.state.chunk_bwd_dh_kernel#scalar-cumsum", {"reset": "*i32"}, {"S": 1})
-KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs-seeded"] = (
-    {k: t for k, t in KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][0].items() if k not in ("ht", "lam")},
+_DOCS_PTRS = KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][0]
+KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs-seeded"] = (             # chunk_fwd_h_from's: no residual
+    {k: t for k, t in _DOCS_PTRS.items() if k not in ("ht", "lam", "res")},
     ("T", "NT", "NS"), (), {**KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][3], "SEEDED": True,
-                            "STORE_HT": False, "S": 4, "ht": None, "lam": None})
+                            "STORE_HT": False, "S": 4, "ht": None, "lam": None, "res": None, "EXACT": False})
 # the delta rule's state passes, their packed-document variants only (the plain ones run through check_sm80.py)
 _with_docs("ops.gated_delta.delta_state.delta_h_fwd_kernel", {"reset": "*i32"}, {}, (
     {"k": BF16, "w": BF16, "u": BF16, "b": F32, "res": F32, "h": BF16, "v_new": BF16, "h0": F32, "ht": F32},
