@@ -31,6 +31,7 @@
 #   --timeout S          seconds for each step (default 540)
 #   --triton-cache DIR   TRITON_CACHE_DIR (default /tmp/chunkfuse-triton: one compile cache for every step)
 #   -h, --help           this text
+# Environment: PYTHON, the interpreter every step runs (default python3)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,7 +59,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 mkdir -p "$OUT" "$CACHE"
-export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$CACHE
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$CACHE PYTHON=${PYTHON:-python3}
 STEPS=() STATUS=0
 
 # step NAME COMMAND...: runs COMMAND with the step's timeout, its output to OUT/NAME.log; records a table row
@@ -74,7 +75,7 @@ step() {
   STEPS+=("$(printf '%-11s %-28s %6ss   %s' "$name" "$what" "$((SECONDS - t0))" "$OUT/$name.log")")
 }
 
-step env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 -c "
+step env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; "$PYTHON" -c "
 import torch, triton
 try:
     import fla; v = fla.__version__
@@ -82,20 +83,20 @@ except ImportError:
     v = None
 print(\"torch\", torch.__version__, \"triton\", triton.__version__, \"fla\", v, \"cuda\", torch.cuda.is_available())"'
 if [ -n "$FLA" ]; then
-  step wheels python3 -m pip install -q --no-index --no-deps --target "$SITE" "$FLA"/*.whl
+  step wheels "$PYTHON" -m pip install -q --no-index --no-deps --target "$SITE" "$FLA"/*.whl
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ -n "$RUN_TESTS" ]; then
   XDIST=(); [ "$WORKERS" != 0 ] && XDIST=(-n "$WORKERS")
   # shellcheck disable=SC2086  (TESTS is a space-separated list of paths)
-  step tests python3 -m pytest -q -ra -m "not slow" "${XDIST[@]}" $TESTS ${K:+-k "$K"}
+  step tests "$PYTHON" -m pytest -q -ra -m "not slow" "${XDIST[@]}" $TESTS ${K:+-k "$K"}
 fi
 if [ -n "$BENCH" ]; then
   # shellcheck disable=SC2086  (BENCH is bench_ops.py's arguments)
-  step bench python3 scripts/bench_ops.py $BENCH --out "$OUT/bench"
+  step bench "$PYTHON" scripts/bench_ops.py $BENCH --out "$OUT/bench"
 fi
 if [ -n "$THROUGHPUT" ]; then
-  step throughput python3 scripts/bench_throughput.py --configs "$THROUGHPUT" --backends "$TP_BACKENDS" \
+  step throughput "$PYTHON" scripts/bench_throughput.py --configs "$THROUGHPUT" --backends "$TP_BACKENDS" \
     --warmup 2 --steps 5 --row-timeout $((TIMEOUT / 2)) --deadline $((TIMEOUT - 30)) --out "$OUT/throughput"
 fi
 

@@ -2,8 +2,10 @@
 whose failing step leaves its log, a table row and exit status 1."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -27,9 +29,11 @@ def test_unknown_flag_is_refused():
 
 
 def test_failing_step_is_a_row_and_the_exit_status(tmp_path):
-    """The bench step with an unknown op fails: its log is kept, the table says FAILED, the script exits 1."""
+    """The bench step with an unknown op fails: its log is kept, the table says FAILED, the script exits 1. The steps
+    run this interpreter (PYTHON), whether or not its environment is on PATH."""
     r = subprocess.run(["bash", SCRIPT, "--out", str(tmp_path), "--no-tests", "--bench", "--ops nope",
-                        "--triton-cache", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300)
+                        "--triton-cache", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHON": sys.executable})
     assert r.returncode == 1, r.stdout + r.stderr
     table = r.stdout[r.stdout.index("step        status"):]
     assert "bench       FAILED (exit 2)" in table and str(tmp_path / "bench.log") in table
