@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.triton_utils import cdiv, next_power_of_2, row_offsets
+from ops.triton_utils import cdiv, load_rows, next_power_of_2, row_offsets
 
 # The chunk decay −b_L (largest over key dims) from which the per-key kernels add r (the backward's and the forward
 # state pass): below it |b| ≤ 64 and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average
@@ -92,6 +92,20 @@ def residual_mask(m_k, b_last, MAXR: tl.constexpr):
     """Where a per-key kernel reads r: m_k in a chunk whose decay −min(b_last) exceeds MAXR, else nowhere
     (b_last: b at the chunk's last row, masked key dims 0)."""
     return m_k & ((b_last * 0.0 + tl.min(b_last, axis=0)) < -MAXR)
+
+
+@triton.jit
+def residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H: tl.constexpr):
+    """r_L − r_t for a scalar decay's rows o_t [BT] (last: the chunk's last valid row), what exp(b_L − b) adds."""
+    return tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
+        tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+
+
+@triton.jit
+def key_residual_to_last(res, i_b, i_h, last, o_t, m_t, o_k, m_k, T, H: tl.constexpr, K: tl.constexpr):
+    """r_L − r_t for a per-key decay, [BT, BK], read only where m_k (residual_mask's key tiles)."""
+    return tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)[None, :] - \
+        load_rows(res, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
 
 
 @triton.jit

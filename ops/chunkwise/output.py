@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_launches, weak_chunk
+from ops.chunkwise.cumsum import RESIDUAL_FROM, key_residual_to_last, residual_launches, residual_to_last, weak_chunk
 from ops.chunkwise.state import pad_chunks, chunk_last
 from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
@@ -190,8 +190,7 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
         d = b_bl - b_b
         if EXACT:
-            d += tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
-                tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+            d += residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H)
         b_dq *= (tl.exp(b_b) * scale)[:, None]
         b_dk *= tl.exp(tl.where(m_t, d, 0.0))[:, None]
         b_hdh *= tl.exp(b_bl)
@@ -200,8 +199,7 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)
         d = b_bl[None, :] - b_b
         if EXACT:
-            d += tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)[None, :] - \
-                load_rows(res, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+            d += key_residual_to_last(res, i_b, i_h, last, o_t, m_t, o_k, m_k, T, H, K)
         b_dq *= tl.exp(b_b) * scale
         b_dk *= tl.exp(tl.where(m_t[:, None], d, 0.0))
         b_hdh *= tl.exp(b_bl)

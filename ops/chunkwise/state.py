@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ops.varlen import Documents
-from ops.chunkwise.cumsum import RESIDUAL_FROM, residual_mask
+from ops.chunkwise.cumsum import RESIDUAL_FROM, key_residual_to_last, residual_mask, residual_to_last
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.triton_utils import cdiv, dot_precision, load_rows, row_offsets, sm_count, tile
 
@@ -102,16 +102,14 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
         if SCALAR:
             b_d = b_bl - b_b
             if EXACT:
-                b_d += tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
-                    tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+                b_d += residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H)
             b_kd = b_k * tl.exp(tl.where(m_t, b_d, 0.0))[:, None]
             b_h *= tl.exp(b_bl)
         else:
             b_d = b_bl[None, :] - b_b
             if EXACT:
-                m_r = residual_mask(o_k < K, b_bl, MAXR)
-                b_d += tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_r, other=0.0)[None, :] - \
-                    load_rows(res, i_b, i_h, o_t, m_t, o_k, m_r, T, H, K)
+                b_d += key_residual_to_last(res, i_b, i_h, last, o_t, m_t, o_k, residual_mask(o_k < K, b_bl, MAXR),
+                                            T, H, K)
             b_kd = b_k * tl.exp(tl.where(m_t[:, None] & (o_k[None, :] < K), b_d, 0.0))
             b_h *= tl.exp(b_bl)[:, None]
         b_lam += b_bl

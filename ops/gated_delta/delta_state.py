@@ -23,6 +23,7 @@ import triton.language as tl
 from ops.triton_utils import cdiv, load_rows, load_rows_t, next_power_of_2, row_offsets, store_rows
 from ops.triton_utils import dot_precision, tile
 from ops.gated_delta.wy import per_chunk, per_step
+from ops.chunkwise.cumsum import residual_to_last
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.varlen import Documents
 
@@ -61,8 +62,7 @@ def delta_h_fwd_kernel(k, w, u, b, res, h, v_new, h0, ht, T, NT, H: tl.constexpr
         store_rows(v_new, b_vn, i_b, i_h, o_t, m_t, o_v, m_v, T, H, V)
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
-        c_d = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
-            tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        c_d = residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H)
         b_kt = load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kt = b_kt * tl.exp(tl.where(m_t, (b_bl - b_b) + c_d, 0.0))[None, :]
         b_h *= tl.exp(b_bl)
@@ -109,8 +109,7 @@ def delta_h_bwd_kernel(q, k, w, b, res, A, do, dh, dv_new, dht, dh0, scale, T, N
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
         # r read in every chunk: a branch on the decay here would keep the loop from being software-pipelined
-        c_d = tl.load(res + row_offsets(i_b, i_h, last, T, H, 1)) - \
-            tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        c_d = residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H)
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
         b_kd = b_k * tl.exp(tl.where(m_t, (b_bl - b_b) + c_d, 0.0))[:, None]
         b_dv += tl.dot(b_kd.to(b_do.dtype), b_dh.to(b_do.dtype), input_precision=PREC)
