@@ -23,8 +23,8 @@ from ops.triton_utils import cdiv, load_rows, next_power_of_2, row_offsets
 # The chunk decay −b_L (largest over key dims) from which the per-key kernels add r (the backward's and the forward
 # state pass): below it |b| ≤ 64 and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average
 # over a chunk. At realistic decays no chunk gets there, and those kernels run as they would without r
-# (residual_launches; the state pass and fused GLA's sub-block kernels mask their loads of r, residual_mask). A
-# scalar decay's r is one value a row, read everywhere.
+# (residual_launches; the state pass branches on its key tile's decay, fused GLA's sub-block kernels mask their
+# loads of r, residual_mask). A scalar decay's r is one value a row, read everywhere.
 RESIDUAL_FROM = 64.0
 
 
@@ -134,8 +134,9 @@ def chunk_residual_kernel(g, b, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl
 def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """r [B, T, H, S] fp32 with b + r = the chunk-local cumsum of g (module docstring); b as chunk_cumsum(g,
     chunk_size) made it (or any fp32 rounding of that cumsum). With a per-key decay (S > 1) r is formed only in the
-    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay, or
-    masks its loads with residual_mask, whose test (its own key tile's decay) holds only in such chunks. At
+    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay or
+    its own key tile's decay (which exceeds RESIDUAL_FROM only in such chunks), or masks its loads with residual_mask,
+    whose test is the latter. At
     realistic decays the kernel then reads one row of b per chunk and returns. A scalar decay's r is formed
     everywhere (one value a row)."""
     B, T, H, S = g.shape
