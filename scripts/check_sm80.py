@@ -16,7 +16,9 @@ a kernel whose tiles need more shared memory than the A100's 163 KB per block (t
    that depend on the shape (the state scan's split into segments, RA+MLA's heads per program) are the ones T64
    makes. Pointers 16-byte aligned and ints divisible by 16 get Triton's divisibility hints, as on a GPU.
 2. compile: each distinct launch is compiled ahead of time for sm80 and sm90 with Triton's own compiler, whose
-   ptxas run reports registers and spills. The table gives shared memory per block against each device's limit.
+   ptxas run reports registers and spills. The table gives shared memory per block against each device's limit,
+   and for sm90 the layout conversions Triton left in the kernel and its block barriers: a memory-bound kernel
+   with many of either moves its tiles through shared memory, where its loads alone would not.
 
 What it does not show: that the kernels are right on sm80 (only running them there can), autotuned kernels (their
 configs are chosen on the GPU, which skips any that do not fit; on a CPU they run one fixed config, compiled here),
@@ -150,6 +152,11 @@ def compile_launch(launch: dict, cc: int) -> dict:
     spills = re.search(r"(\d+) bytes spill stores", out)
     return {"shared": kernel.metadata.shared, "registers": int(regs.group(1)) if regs else None,
             "spill_bytes": int(spills.group(1)) if spills else None,
+            # layout conversions left after Triton's passes (each a trip through shared memory or shuffles), and
+            # the block barriers in the code (conversions, cross-warp reductions, pipelined loads), counted once
+            # each where they are written: how much of a kernel's time can go to moving its own tiles
+            "conversions": kernel.asm["ttgir"].count("ttg.convert_layout"),
+            "barriers": len(re.findall(r"\bbar(?:rier)?\.sync\b", kernel.asm["ptx"])),
             "tiles": {k: v for k, v in constexprs.items() if v is not None},
             "num_warps": options.get("num_warps", 4), "num_stages": options.get("num_stages", 3)}
 
@@ -209,15 +216,16 @@ def to_markdown(rows: list[dict], skipped: list[str], env: dict, command: str) -
              f"**{len(rows)} distinct launches; {len(over)} exceed the A100's shared memory; {len(failed)} did not "
              f"compile; {len(skipped)} config/backend pairs not captured (listed below).**", "",
              "| kernel | constexprs | warps, stages | sm80 shared B | sm80 regs, spill B | sm90 shared B "
-             "| sm90 regs, spill B | fits the A100 | used by |", "|" + "---|" * 9]
+             "| sm90 regs, spill B | sm90 conversions, barriers | fits the A100 | used by |", "|" + "---|" * 10]
     for r in sorted(rows, key=lambda r: (r["module"], r["kernel"])):
         name = f"`{r['module'].removeprefix('ops.')}.{r['kernel']}`"
         if "error" in r:
-            lines.append(f"| {name} | | | | | | | compile error: {r['error']} | {', '.join(r['users'])} |")
+            lines.append(f"| {name} | | | | | | | | compile error: {r['error']} | {', '.join(r['users'])} |")
             continue
         a, h = r["sm80"], r.get("sm90")
         tiles = " ".join(f"{k}={v}" for k, v in a["tiles"].items())
-        sm90 = f"{h['shared']:,} | {h['registers']}, {h['spill_bytes']}" if h else "— | —"
+        sm90 = (f"{h['shared']:,} | {h['registers']}, {h['spill_bytes']} | {h.get('conversions', '—')}, "
+                f"{h.get('barriers', '—')}") if h else "— | — | —"
         lines.append(f"| {name} | {tiles} | {a['num_warps']}, {a['num_stages']} | {a['shared']:,} | "
                      f"{a['registers']}, {a['spill_bytes']} | {sm90} | "
                      f"{'yes' if a['shared'] <= LIMITS[80] else '**no**'} | {', '.join(sorted(set(r['users'])))} |")

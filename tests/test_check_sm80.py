@@ -4,8 +4,14 @@ the A100's shared memory is reported as not fitting."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import triton
+import triton.language as tl
 
 from scripts.check_sm80 import LIMITS, main, to_markdown
 from tests.helpers import has_triton_cuda_backend
@@ -68,3 +74,39 @@ def test_gated_deltanet_launches_fit_the_a100(tmp_path):
     assert not [(r["kernel"], r["sm80"]["shared"]) for r in rows if r["sm80"]["shared"] > LIMITS[80]]
     with pytest.raises(SystemExit):
         main(["--configs", "smoke", "--backends", "fused", "--kernels", "no_such_kernel", "--out", str(tmp_path)])
+
+
+@triton.jit
+def _weights_by_row(x, w, y, C, BT: tl.constexpr, BC: tl.constexpr):
+    """y = x · w[cols]: a [1, BC] weight row loaded by its own layout, against the [BT, BC] bf16 tile's (what the
+    short conv's kernels did): Triton converts one to the other's through shared memory."""
+    rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BC)[None, :]
+    t = tl.load(x + rows * C + cols).to(tl.float32) * tl.load(w + cols * 4)
+    tl.store(y + rows * C + cols, t.to(tl.bfloat16))
+
+
+@triton.jit
+def _elementwise(x, y, C, BT: tl.constexpr, BC: tl.constexpr):
+    rows, cols = tl.arange(0, BT)[:, None], tl.arange(0, BC)[None, :]
+    tl.store(y + rows * C + cols, tl.load(x + rows * C + cols) * 2)
+
+
+@needs_cuda_backend
+def test_layout_conversions_and_barriers_are_counted(tmp_path):
+    """The sm90 columns can fail: a kernel that moves a tile between layouts has conversions and barriers, a plain
+    elementwise one has neither. Compiled as main() does, in a process without the interpreter."""
+    ptr = ["ptr", "bfloat16", True]
+    tiles = {"BT": ["int", 16], "BC": ["int", 128], "C": ["int", 1024]}
+    launches = [{"module": __name__, "kernel": "_weights_by_row",
+                 "args": {"x": ptr, "w": ["ptr", "float32", True], "y": ptr, **tiles}, "users": []},
+                {"module": __name__, "kernel": "_elementwise", "args": {"x": ptr, "y": ptr, **tiles}, "users": []}]
+    (tmp_path / "launches.json").write_text(json.dumps(launches))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "scripts/check_sm80.py", "--compile", str(tmp_path / "launches.json")],
+                       capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1], check=True)
+    mixed, plain = (row["sm90"] for row in json.loads(r.stdout.strip().splitlines()[-1])["rows"])
+    assert mixed["conversions"] >= 1 and mixed["barriers"] >= 1, mixed
+    assert plain["conversions"] == 0 and plain["barriers"] == 0, plain
+    md = to_markdown([{"module": "ops.x", "kernel": "k", "users": ["a/fused"], "sm80": mixed, "sm90": mixed}], [],
+                     {"date": "d", "triton": "t", "torch": "p"}, "cmd")
+    assert f"| {mixed['conversions']}, {mixed['barriers']} |" in md
