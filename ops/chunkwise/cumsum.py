@@ -136,9 +136,8 @@ def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.T
     chunk_size) made it (or any fp32 rounding of that cumsum). With a per-key decay (S > 1) r is formed only in the
     chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay or
     its own key tile's decay (which exceeds RESIDUAL_FROM only in such chunks), or masks its loads with residual_mask,
-    whose test is the latter. At
-    realistic decays the kernel then reads one row of b per chunk and returns. A scalar decay's r is formed
-    everywhere (one value a row)."""
+    whose test is the latter. At realistic decays the kernel then reads one row of b per chunk and returns. A scalar
+    decay's r is formed everywhere (one value a row)."""
     B, T, H, S = g.shape
     out = torch.empty(B, T, H, S, dtype=torch.float32, device=g.device)
     BS = min(64, next_power_of_2(S))
