@@ -17,16 +17,37 @@ What custom_op requires of every op here:
 - grad mode is off inside the body and autocast does not reach its inputs: decide both outside and pass the result;
 - the gradients reaching the backward may be expanded or strided (the gradient of a sum has stride 0), so the
   backward makes them contiguous before any kernel sees them (`contiguous`).
+
+Inductor's and AOTAutograd's on-disk caches key a compiled graph on the graph, not on the fake implementations of
+the operators it calls. After an update that changes what an operator returns (the order or strides of its
+outputs), a graph cached by the old code fails its stride checks at the first step. Importing this module therefore
+adds `chunkfuse-<hash of ops/'s sources>` to torch.compile's cache key tag (`source_tag`; a tag the user set is
+kept), so each version of the operators has its own cache entries.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 NAMESPACE = "chunkfuse"
+
+
+def source_tag(root: Path = Path(__file__).parent) -> str:
+    """16 hex digits of the SHA-256 of every .py file under root (paths and contents, in sorted order)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+CACHE_TAG = f"chunkfuse-{source_tag()}"
+if CACHE_TAG not in torch.compiler.config.cache_key_tag.split("|"):
+    torch.compiler.config.cache_key_tag = "|".join(t for t in (torch.compiler.config.cache_key_tag, CACHE_TAG) if t)
 
 
 class KernelOp:

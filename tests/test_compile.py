@@ -91,3 +91,23 @@ def test_compiled_bf16_step_on_the_gpu_is_within_eager_rounding(family, backend)
     names = ["logits", "loss", *ref[2]]
     bad = {n: (c, e) for n, c, e in zip(names, dist(comp), dist(eager)) if not c <= 2 * e + 1e-3}
     assert not bad, bad
+
+
+def test_compile_cache_key_follows_the_operators_sources(tmp_path):
+    """Importing ops.library tags torch.compile's caches with a hash of ops/'s sources, so a graph cached by an older
+    version of an operator (other output order or strides in its fake) is not reused: any change to a .py file, or
+    to its path, gives another tag; other files do not count."""
+    from ops.library import CACHE_TAG, source_tag
+
+    assert CACHE_TAG == f"chunkfuse-{source_tag()}" and CACHE_TAG in torch.compiler.config.cache_key_tag.split("|")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    tags = [source_tag(tmp_path)]
+    (tmp_path / "notes.txt").write_text("not code")
+    assert source_tag(tmp_path) == tags[0]
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    tags.append(source_tag(tmp_path))
+    (tmp_path / "sub" / "b.py").rename(tmp_path / "b.py")
+    tags.append(source_tag(tmp_path))
+    assert len(set(tags)) == 3 and all(len(t) == 16 for t in tags)
