@@ -11,12 +11,12 @@ it (it is ruled by the undecayed diagonal pairs), but this module's operator add
 exp(b_L − b) (state.py): a chunk of strong steps ending in weak ones leaves a state made of its last rows, each
 ~1e-4 off otherwise, and the next chunk's decay gradient reads it (GLA's mixed decays in
 tests/ops/test_decay_grad.py reached 9.5e-6). The forward forms r for that (cumsum.chunk_residual). The backward
-removes b's rounding everywhere, since at strong decay the decay gradient is made of pairs one or two steps apart and
-nothing else: every exponent of the kernels that form dq, dk
-and db adds the residual r of b's rounding (cumsum.py), (b_i − b_j) + (r_i − r_j), which is exact where the pair
-carries weight (per-key kernels read r only in chunks whose decay exceeds cumsum.RESIDUAL_FROM). The backward
-recomputes r from g (saved with the inputs) and b. With that and no undecayed pair in db (output.py), the decay
-gradients hold 1e-5 relative at decays down to −50 per step (tests/ops/test_decay_grad.py).
+removes b's rounding everywhere, since at strong decay the decay gradient is made of pairs one or two steps apart
+and nothing else: every exponent of the kernels that form dq, dk and db adds the residual r of b's rounding
+(cumsum.py), (b_i − b_j) + (r_i − r_j), which is exact where the pair carries weight (per-key kernels read r only in
+chunks whose decay exceeds cumsum.RESIDUAL_FROM). The backward recomputes r from g (saved with the inputs) and b.
+With that and no undecayed pair in db (output.py), the decay gradients hold 1e-5 relative at decays down to −50
+per step (tests/ops/test_decay_grad.py).
 """
 from __future__ import annotations
 
