@@ -90,10 +90,8 @@ def gla_fused_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         o, ht, b, h = fused_scan_fwd(q, k, v, g, scale, initial_state, output_final_state, C, save,
                                      max_range=max_range, interval=chunk_size, docs=docs)
     else:
-        # b alone here, unlike the chunk operator: r costs the state pass a third of its time even where it is
-        # never read (H200; 45 % of this forward at K = 256 before chunk_fwd_h's branch and register cap, 15 % with
-        # them), and realistic decays never need r
-        q, k, v, b, h, ht = states_forward(q, k, v, g, initial_state, output_final_state, C, split_state, docs)
+        q, k, v, b, h, ht = states_forward(q, k, v, g, initial_state, output_final_state, C, split_state, docs,
+                                           exact=True)
         o = chunk_fwd_o(q, v, b, h, fused_intra_fwd(q, k, b, scale, C, max_range), scale, C)
         h = h[:, :: chunk_size // C].contiguous() if save and chunk_size > C else h
     ht = absent(v) if ht is None else ht
