@@ -28,8 +28,8 @@ from ops.triton_utils import cdiv, load_rows, next_power_of_2, row_offsets
 # |b| ≤ 64 and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk. At
 # realistic decays no chunk gets there, and those kernels run as they would without r (residual_launches; fused
 # GLA's sub-block kernels mask their loads of r, residual_mask). A scalar decay's r is one value a row, read
-# everywhere. The forward state pass reads no r: its exponents b_L − b are chunk_cumsum_gap's gaps, each summed by
-# itself.
+# everywhere. The chunk operator's forward state pass reads no r: its exponents b_L − b are chunk_cumsum_gap's gaps,
+# each summed by itself.
 RESIDUAL_FROM = 64.0
 
 
