@@ -11,6 +11,10 @@ first difference is exact (Sterbenz: b_t and b_s within a factor of two) and the
 r is formed without a compensated scan: g = g_hi + g_lo with g_hi = g rounded to a multiple of 2⁻⁸, so
 Σ g_hi is exact in fp32 (a multiple of 2⁻⁸ below 2¹⁶ in magnitude: |g| up to 1000 per step at C = 64),
 |Σ g_lo| ≤ C · 2⁻⁹ is small and carries only its own tiny rounding, and r = (Σ g_hi − b) + Σ g_lo.
+
+The forward state pass needs only the gaps to each chunk's last row, b_L − b_t = Σ_{t<u≤L} g_u, and reads them
+summed by themselves (chunk_cumsum_gap, in the cumsum's own kernel): rounded relative to their own size, not to
+|b_t|'s, so no r is needed there, and the pass loads one [C, K] tile a chunk as it would load b.
 """
 from __future__ import annotations
 
@@ -20,11 +24,12 @@ import triton.language as tl
 
 from ops.triton_utils import cdiv, load_rows, next_power_of_2, row_offsets
 
-# The chunk decay −b_L (largest over key dims) from which the per-key kernels add r (the backward's and the forward
-# state pass): below it |b| ≤ 64 and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average
-# over a chunk. At realistic decays no chunk gets there, and those kernels run as they would without r
-# (residual_launches; the state pass branches on its key tile's decay, fused GLA's sub-block kernels mask their
-# loads of r, residual_mask). A scalar decay's r is one value a row, read everywhere.
+# The chunk decay −b_L (largest over key dims) from which the per-key kernels of the backward add r: below it
+# |b| ≤ 64 and b's rounding moves an exponent by ~ulp(64) = 8e-6 at most, ~1e-7 on average over a chunk. At
+# realistic decays no chunk gets there, and those kernels run as they would without r (residual_launches; fused
+# GLA's sub-block kernels mask their loads of r, residual_mask). A scalar decay's r is one value a row, read
+# everywhere. The chunk operator's forward state pass reads no r: its exponents b_L − b are chunk_cumsum_gap's gaps,
+# each summed by itself.
 RESIDUAL_FROM = 64.0
 
 
@@ -38,7 +43,7 @@ def residual_launches(scalar: bool) -> tuple[tuple[bool, bool], ...]:
 
 @triton.jit
 def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
-                        REVERSE: tl.constexpr):
+                        REVERSE: tl.constexpr, gap=None, GAP: tl.constexpr = False):
     i_s, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     # reverse: its own scan, not the chunk total minus the forward one, which would leave the rounding of the
@@ -52,6 +57,17 @@ def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.cons
     b_x = tl.load(x + ptr, mask=m, other=0.0).to(tl.float32)
     b_o = tl.cumsum(b_x, axis=0)
     tl.store(out + ptr, b_o, mask=m)
+    if GAP:
+        # gap[t] = Σ_{t<u≤L} x[u], its own scan: scan row i reads row BT − i (none at i = 0), so its sum at i is
+        # over the rows after row BT − 1 − i, where it is stored
+        o_i = tl.arange(0, BT)
+        o_r = i_t * BT + BT - o_i
+        m_s = o_s[None, :] < S
+        b_y = tl.load(x + row_offsets(i_b, i_h, o_r[:, None], T, H, S) + o_s[None, :],
+                      mask=((o_i > 0) & (o_r < T))[:, None] & m_s, other=0.0).to(tl.float32)
+        o_g = o_r - 1
+        tl.store(gap + row_offsets(i_b, i_h, o_g[:, None], T, H, S) + o_s[None, :], tl.cumsum(b_y, axis=0),
+                 mask=(o_g < T)[:, None] & m_s)
 
 
 def chunk_cumsum(x: torch.Tensor, chunk_size: int, reverse: bool = False) -> torch.Tensor:
@@ -61,6 +77,18 @@ def chunk_cumsum(x: torch.Tensor, chunk_size: int, reverse: bool = False) -> tor
     grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
     chunk_cumsum_kernel[grid](x.contiguous(), out, T, H, S, chunk_size, BS, reverse)
     return out
+
+
+def chunk_cumsum_gap(x: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """b = chunk_cumsum(x, chunk_size) and, from the same kernel, the gap to each chunk's last valid row L,
+    c_t = b_L − b_t = Σ_{t<u≤L} x_u [B, T, H, S] fp32, scanned by itself: exact to the rounding of its own size,
+    where b_L − b_t from b is off by ulp(|b_t|) (the state pass's exponents, module docstring)."""
+    B, T, H, S = x.shape
+    b, c = (torch.empty(B, T, H, S, dtype=torch.float32, device=x.device) for _ in range(2))
+    BS = min(64, next_power_of_2(S))
+    grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
+    chunk_cumsum_kernel[grid](x.contiguous(), b, T, H, S, chunk_size, BS, False, gap=c, GAP=True)
+    return b, c
 
 
 @triton.jit
@@ -134,9 +162,9 @@ def chunk_residual_kernel(g, b, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl
 def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.Tensor:
     """r [B, T, H, S] fp32 with b + r = the chunk-local cumsum of g (module docstring); b as chunk_cumsum(g,
     chunk_size) made it (or any fp32 rounding of that cumsum). With a per-key decay (S > 1) r is formed only in the
-    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay or
-    its own key tile's decay (which exceeds RESIDUAL_FROM only in such chunks), or masks its loads with residual_mask,
-    whose test is the latter. At realistic decays the kernel then reads one row of b per chunk and returns. A scalar
+    chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay, or
+    masks its loads with residual_mask, whose test (its own key tile's decay) holds only in such chunks. At realistic
+    decays the kernel then reads one row of b per chunk and returns. A scalar
     decay's r is formed everywhere (one value a row)."""
     B, T, H, S = g.shape
     out = torch.empty(B, T, H, S, dtype=torch.float32, device=g.device)

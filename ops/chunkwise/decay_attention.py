@@ -7,16 +7,16 @@ decay forms A inside the output kernel), and the hand-written backward through t
 Precision: b = cumsum(g) is held in fp32, as in flash-linear-attention, so an exponent b_i − b_j
 carries an absolute error of about ulp(|b|) ≈ |b| · 6e-8: invisible for realistic decays (|b| ≲ 100 within a
 chunk), ~1e-4 relative where per-step log-decays of order −50 accumulate to |b| ~ 10³. The forward's output keeps
-it (it is ruled by the undecayed diagonal pairs), but this module's operator adds r_L − r to the state pass's
-exp(b_L − b) (state.py): a chunk of strong steps ending in weak ones leaves a state made of its last rows, each
-~1e-4 off otherwise, and the next chunk's decay gradient reads it (GLA's mixed decays in
-tests/ops/test_decay_grad.py reached 9.5e-6). The forward forms r for that (cumsum.chunk_residual). The backward
-removes b's rounding everywhere, since at strong decay the decay gradient is made of pairs one or two steps apart
-and nothing else: every exponent of the kernels that form dq, dk and db adds the residual r of b's rounding
-(cumsum.py), (b_i − b_j) + (r_i − r_j), which is exact where the pair carries weight (per-key kernels read r only in
-chunks whose decay exceeds cumsum.RESIDUAL_FROM). The backward recomputes r from g (saved with the inputs) and b.
-With that and no undecayed pair in db (output.py), the decay gradients hold 1e-5 relative at decays down to −50
-per step (tests/ops/test_decay_grad.py).
+it (it is ruled by the undecayed diagonal pairs), but this module's operator gives the state pass its exponents
+b_L − b summed by themselves (cumsum.chunk_cumsum_gap, state.py): a chunk of strong steps ending in weak ones leaves
+a state made of its last rows, each ~1e-4 off when formed from b, and the next chunk's decay gradient reads it
+(GLA's mixed decays in tests/ops/test_decay_grad.py reached 9.5e-6). The backward removes b's rounding everywhere,
+since at strong decay the decay gradient is made of pairs one or two steps apart and nothing else: every exponent of
+the kernels that form dq, dk and db adds the residual r of b's rounding (cumsum.py), (b_i − b_j) + (r_i − r_j),
+which is exact where the pair carries weight (per-key kernels read r only in chunks whose decay exceeds
+cumsum.RESIDUAL_FROM). The backward recomputes r from g (saved with the inputs) and b. With that and no undecayed
+pair in db (output.py), the decay gradients hold 1e-5 relative at decays down to −50 per step
+(tests/ops/test_decay_grad.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import triton.language as tl
 from ops.chunkwise.state import chunk_bwd_dh, chunk_fwd_h, split_segments
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_fwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_bwd_dv, chunk_fwd_o, chunk_fwd_o_scalar
-from ops.chunkwise.cumsum import chunk_cumsum, chunk_residual
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_gap, chunk_residual
 from ops.varlen import Documents
 from ops.library import absent, contiguous, kernel_op, maybe
 from ops.triton_utils import cdiv, next_power_of_2, tile
@@ -54,7 +54,7 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     H = v.shape[2]
     q, k, v, b, h, ht = states_forward(expand_heads(q, H), expand_heads(k, H), v, g, initial_state,
                                        output_final_state, chunk_size, split_state, documents(reset, n_docs),
-                                       residual=True)
+                                       exact=True)
     if b.shape[-1] == 1:
         o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
     else:
@@ -141,17 +141,17 @@ def sum_groups(dx: torch.Tensor, G: int) -> torch.Tensor:
 
 
 def states_forward(q, k, v, g, initial_state, output_final_state: bool, chunk_size: int, split_state: bool,
-                   docs: Documents | None = None, residual: bool = False):
+                   docs: Documents | None = None, exact: bool = False):
     """What every chunkwise forward (this module's operator, ops/gla/fused.py's) does first: contiguous
     inputs, b = chunk-local cumsum of g and the states entering each chunk (split or not; never split with
-    packed documents, docs). residual: the state pass adds b's residual (module docstring).
+    packed documents, docs). exact: the state pass reads its exponents b_L − b summed by themselves
+    (cumsum.chunk_cumsum_gap), not formed from b (module docstring).
     Returns q, k, v, b, h, final state."""
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     h0 = initial_state.contiguous() if initial_state is not None else None
-    b = chunk_cumsum(g, chunk_size)
+    b, gap = chunk_cumsum_gap(g, chunk_size) if exact else (chunk_cumsum(g, chunk_size), None)
     h, ht = chunk_fwd_h(k, v, b, h0, output_final_state, chunk_size,
-                        state_segments(k, v, chunk_size, split_state and docs is None), docs=docs,
-                        res=chunk_residual(g, b, chunk_size) if residual else None)
+                        state_segments(k, v, chunk_size, split_state and docs is None), docs=docs, gap=gap)
     return q, k, v, b, h, ht
 
 

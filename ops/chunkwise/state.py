@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from ops.varlen import Documents
-from ops.chunkwise.cumsum import RESIDUAL_FROM, key_residual_to_last, residual_to_last
 from ops.chunkwise.resets import reset_args, reset_bwd, reset_fwd, store_dh0, store_last
 from ops.triton_utils import cdiv, dot_precision, load_rows, row_offsets, sm_count, tile
 
@@ -60,16 +59,29 @@ def _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H: tl.constexpr, K: tl.con
 
 
 @triton.jit
+def _chunk_gaps(gap, b, i_b, i_h, i_t, T, o_t, m_t, o_k, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                SCALAR: tl.constexpr):
+    """Chunk i_t's gaps b_L − b [BT, BK] ([BT] when SCALAR) from gap, and b at its last valid row [BK] ([])."""
+    last = tl.minimum(i_t * BT + BT, T) - 1
+    if SCALAR:
+        b_d = tl.load(gap + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
+    else:
+        b_d = load_rows(gap, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
+        b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=o_k < K, other=0.0)
+    return b_d, b_bl
+
+
+@triton.jit
 def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
                        SEEDED: tl.constexpr, STEP: tl.constexpr = False, reset=None, hd=None,
-                       HAS_RESET: tl.constexpr = False, res=None, EXACT: tl.constexpr = False,
-                       MAXR: tl.constexpr = RESIDUAL_FROM):
+                       HAS_RESET: tl.constexpr = False, gap=None, GAP: tl.constexpr = False):
     """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
     state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused).
-    EXACT: exp(b_L − b) adds r_L − r (res: b's residual; a per-key r is read only in the key tiles whose chunk decay
-    exceeds MAXR, where cumsum.chunk_residual writes it, behind a branch uniform over the program).
+    GAP: the exponents b_L − b are read from gap (cumsum.chunk_cumsum_gap: each summed by itself) instead of formed
+    from b, which is then read at each chunk's last row alone.
     SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from).
     HAS_RESET (packed documents, S = 1 or SEEDED; resets.py): the state restarts at each document's first chunk
     from hd [N, H, K, V] (USE_H0) or zero, and ht [N, H, K, V] gets each document's final state."""
@@ -97,21 +109,18 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
         m_t = o_t < T
         b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
-        b_b, b_bl = _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR, STEP)
-        last = tl.minimum(i_t * BT + BT, T) - 1
+        if GAP:
+            b_d, b_bl = _chunk_gaps(gap, b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR)
+        else:
+            b_b, b_bl = _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR, STEP)
+            if SCALAR:
+                b_d = b_bl - b_b
+            else:
+                b_d = b_bl[None, :] - b_b
         if SCALAR:
-            b_d = b_bl - b_b
-            if EXACT:
-                b_d += residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H)
             b_kd = b_k * tl.exp(tl.where(m_t, b_d, 0.0))[:, None]
             b_h *= tl.exp(b_bl)
         else:
-            b_d = b_bl[None, :] - b_b
-            if EXACT:
-                # a branch on the tile's decay, not predicated loads of r: the fastest of those variants where r is
-                # never read (realistic decays), with the registers capped in chunk_fwd_h
-                if tl.min(b_bl, axis=0) < -MAXR:
-                    b_d += key_residual_to_last(res, i_b, i_h, last, o_t, m_t, o_k, o_k < K, T, H, K)
             b_kd = b_k * tl.exp(tl.where(m_t[:, None] & (o_k[None, :] < K), b_d, 0.0))
             b_h *= tl.exp(b_bl)[:, None]
         b_lam += b_bl
@@ -239,7 +248,7 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
 
 
 def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments: int = 1, step_decays: bool = False,
-                docs: Documents | None = None, res: torch.Tensor | None = None, **launch):
+                docs: Documents | None = None, gap: torch.Tensor | None = None, **launch):
     """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32, chunk-local cumulative (cumsum.py). Returns
     h [B, NT, H, K, V] in k's dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or
     None. segments > 1: the split scan (module docstring; split_segments picks it). step_decays: b holds the
@@ -247,11 +256,11 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     chunk-local cumsum in registers. launch: num_warps / num_stages for the first pass.
     docs (packed documents, B = 1, chunk-aligned; resets.py): the state restarts at each document from h0[n]
     ([N, H, K, V]) or zero and the final state is [N, H, K, V]; the scan is not split (segments must be 1).
-    res: b's residual (cumsum.chunk_residual), added to every exponent b_L − b, or None (b alone)."""
+    gap: the exponents b_L − b, each summed by itself (cumsum.chunk_cumsum_gap), read instead of formed from b."""
     B, T, H, K = k.shape
-    if res is not None and step_decays:
-        raise ValueError("chunk_fwd_h: b's residual needs the cumulative b (step_decays=False); per-step decays "
-                         "have none")
+    if gap is not None and step_decays:
+        raise ValueError("chunk_fwd_h: gap goes with the cumulative b (step_decays=False); per-step decays are summed "
+                         "in the kernel")
     V, NT = v.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
@@ -261,14 +270,10 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     e, lam = _segment_buffers(B, S, H, K, V, b.shape[-1], k.device, ht)
     grid = (cdiv(K, BK), cdiv(V, BV), B * H * S)
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
-    options = dict(num_warps=4, num_stages=1)
-    if res is not None and b.shape[-1] > 1 and k.is_cuda:
-        # r's branch takes the per-key pass from 128 to 168 registers a thread (sm90), 3 programs an SM instead of 4;
-        # capped, ptxas keeps a few loop-invariant scalars in local memory (a quarter faster on an H200)
-        options["maxnreg"] = 128
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
-                             **_reset_args(docs, S, hd=h0), res=res, EXACT=res is not None, **(options | launch))
+                             **_reset_args(docs, S, hd=h0), gap=gap, GAP=gap is not None,
+                             **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  False, output_final_state, step_decays)

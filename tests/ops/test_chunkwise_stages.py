@@ -15,7 +15,7 @@ from ops.chunkwise.state import chunk_bwd_dh, chunk_bwd_dh_ref, chunk_fwd_h, chu
 from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intra_fwd, chunk_intra_fwd_ref
 from ops.chunkwise.output import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref, chunk_fwd_o_scalar)
-from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_ref, chunk_residual
+from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_gap, chunk_cumsum_ref
 from ops.chunkwise.decay_attention import expand_heads
 from tests.helpers import rel_err
 
@@ -88,12 +88,11 @@ def test_expand_heads_copies_each_group_to_its_heads(B, T, G, H, D, device):
 
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
-def test_state_pass_adds_b_residual(scalar, device, poison_empty):
+def test_state_pass_reads_exact_gaps(scalar, device):
     """A chunk of strong steps (−500) closed by eight weak ones (−0.2): |b| ~ 3e4 at its end, where b alone is off
-    by up to ulp(|b|) ~ 2e-3, and the state leaving the chunk is mostly those rows. With b's residual the state
-    pass matches the fp64 recurrence at the exact cumsum of g; without it, it does not (≥ 2e-4 over 20 seeds: the
-    bound can fail). The ragged last chunk is weak (−0.1 a step), where a per-key r is left unwritten (NaN under
-    poison_empty) and must not be read."""
+    by up to ulp(|b|) ~ 2e-3, and the state leaving the chunk is mostly those rows. With the gaps b_L − b summed by
+    themselves the state pass matches the fp64 recurrence at the exact cumsum of g; formed from b, it does not
+    (≥ 2e-4 over 20 seeds: the bound can fail). The ragged last chunk is weak (−0.1 a step)."""
     B, T, H, K, V, C = 1, 70, 2, 8, 4, 64
     seed = torch.seed() % 2**31
     gen = torch.Generator().manual_seed(seed)
@@ -102,10 +101,25 @@ def test_state_pass_adds_b_residual(scalar, device, poison_empty):
     g[:, C:] /= 5000
     k, v, h0 = (torch.randn(*shape, generator=gen) for shape in ((B, T, H, K), (B, T, H, V), (B, H, K, V)))
     k, v, h0, g = (x.to(device) for x in (k, v, h0, g.float()))
-    b = chunk_cumsum(g, C)
-    res = chunk_residual(g, b, C)
+    b, gap = chunk_cumsum_gap(g, C)
     exact = F.pad(g.double(), (0, 0, 0, 0, 0, -T % C)).unflatten(1, (-1, C)).cumsum(2).flatten(1, 2)[:, :T]
     h_ref, ht_ref = chunk_fwd_h_ref(k.double(), v.double(), exact, h0.double(), C)
-    h, ht = chunk_fwd_h(k, v, b, h0, True, C, res=res)
+    h, ht = chunk_fwd_h(k, v, b, h0, True, C, gap=gap)
     assert rel_err(h, h_ref) < 1e-6 and rel_err(ht, ht_ref) < 1e-6, f"seed {seed}"
-    assert rel_err(chunk_fwd_h(k, v, b, h0, True, C)[0][:, 1], h_ref[:, 1]) > 2e-5, f"without r (seed {seed})"
+    assert rel_err(chunk_fwd_h(k, v, b, h0, True, C)[0][:, 1], h_ref[:, 1]) > 2e-5, f"from b (seed {seed})"
+
+
+@pytest.mark.parametrize("T,S,C", [(70, 8, 64), (33, 5, 16), (16, 1, 16), (5, 3, 8)])
+def test_cumsum_gaps_are_exact_to_their_own_size(T, S, C, device, poison_empty):
+    """chunk_cumsum_gap: b as chunk_cumsum gives it, and each gap Σ_{t<u≤L} g_u within 32 ulps of its own size
+    against fp64, at mixed decays (−50 or −1e-4 a step, so gaps of 1e-4 follow rows with |b| ~ 10³), ragged T,
+    S not a power of two; every row written (poison_empty: a row left out is NaN)."""
+    seed = torch.seed() % 2**31
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.where(torch.rand(2, T, 3, S, generator=gen) < 0.5, -50.0, -1e-4).to(device)
+    b, gap = chunk_cumsum_gap(g, C)
+    assert torch.equal(b, chunk_cumsum(g, C)), f"seed {seed}"
+    total = F.pad(g.double(), (0, 0, 0, 0, 0, -T % C)).unflatten(1, (-1, C))
+    ref = (total.flip(2).cumsum(2).flip(2) - total).flatten(1, 2)[:, :T]                # Σ_{u>t} in fp64
+    err = (gap.double() - ref).abs()
+    assert bool((err <= 32 * 6e-8 * ref.abs() + 1e-12).all()), f"seed {seed}: {err.max().item()}"

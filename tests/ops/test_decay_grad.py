@@ -13,9 +13,10 @@ decay they dwarf the true ∂g and would cancel to their rounding. And the expon
 b_t − b_s carries ulp(|b|) of rounding, up to 2e-4 relative at |b| ~ 3000 (C = 64 at −50 per step), and a decay
 gradient made of near pairs only, as at strong decay, has that relative error unless the backward adds the residual
 of b's rounding to every exponent (ops/chunkwise/cumsum.py); the decays are drawn off any grid, so b's rounding is
-real. The forward adds it too where the next chunk or the backward reads what it forms: the chunkwise operator's
-state pass (GLA, SSD) and Gated DeltaNet's Tm, state and A. Without it a MIXED chunk ending in weak steps put up to
-1e-5 of error into the next chunk's ∂g (ops/chunkwise/decay_attention.py). The MIXED head puts −1 next to −50 at
+real. The forward is exact too where the next chunk or the backward reads what it forms: the chunkwise operator's
+state pass (GLA, SSD) reads its exponents b_L − b summed by themselves (cumsum.chunk_cumsum_gap), and Gated
+DeltaNet's Tm, state and A add the residual. Without that a MIXED chunk ending in weak steps put up to 1e-5 of error
+into the next chunk's ∂g (ops/chunkwise/decay_attention.py). The MIXED head puts −1 next to −50 at
 random steps (test_ssd_dA says why not for SSD's ∂A); ∂g_u = Σ_{t≥u} db_t within the chunk, whose reverse cumsum
 must be a scan of its own (test_reverse_cumsum_keeps_small_suffixes).
 """

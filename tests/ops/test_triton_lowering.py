@@ -114,11 +114,11 @@ for _scalar, _step in [(False, True), (True, True), (False, False), (True, False
     _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
     _fwd = ({"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
             {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False,
-             "res": None, "EXACT": False, "MAXR": 64.0})
+             "gap": None, "GAP": False})
     KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = _fwd
-    if not _step:                                            # the chunk operator's: b's residual with the cumulative b
-        KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag + "-exact"] = (
-            {**_fwd[0], "res": F32}, *_fwd[1:3], {**{k: v for k, v in _fwd[3].items() if k != "res"}, "EXACT": True})
+    if not _step:                                            # the chunk operator's: the gaps b_L − b read, not formed
+        KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag + "-gap"] = (
+            {**_fwd[0], "gap": F32}, *_fwd[1:3], {**{k: v for k, v in _fwd[3].items() if k != "gap"}, "GAP": True})
     KERNELS["ops.chunkwise.state.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
         ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True, "reset": None, "HAS_RESET": False})
@@ -126,13 +126,13 @@ for _scalar, _step in [(False, True), (True, True), (False, False), (True, False
         {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
         {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
 # packed documents: the unsplit scan (S = 1) and the backward's seeded recompute
-_with_docs("ops.chunkwise.state.chunk_fwd_h_kernel#gk-cumsum-exact", {"reset": "*i32", "hd": F32}, {"S": 1})
+_with_docs("ops.chunkwise.state.chunk_fwd_h_kernel#gk-cumsum-gap", {"reset": "*i32", "hd": F32}, {"S": 1})
 _with_docs("ops.chunkwise.state.chunk_bwd_dh_kernel#scalar-cumsum", {"reset": "*i32"}, {"S": 1})
 _DOCS_PTRS = KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][0]
-KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs-seeded"] = (             # chunk_fwd_h_from's: no residual
-    {k: t for k, t in _DOCS_PTRS.items() if k not in ("ht", "lam", "res")},
+KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs-seeded"] = (             # chunk_fwd_h_from's: no gaps
+    {k: t for k, t in _DOCS_PTRS.items() if k not in ("ht", "lam", "gap")},
     ("T", "NT", "NS"), (), {**KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel#docs"][3], "SEEDED": True,
-                            "STORE_HT": False, "S": 4, "ht": None, "lam": None, "res": None, "EXACT": False})
+                            "STORE_HT": False, "S": 4, "ht": None, "lam": None, "gap": None, "GAP": False})
 # the delta rule's state passes, their packed-document variants only (the plain ones run through check_sm80.py)
 _with_docs("ops.gated_delta.delta_state.delta_h_fwd_kernel", {"reset": "*i32"}, {}, (
     {"k": BF16, "w": BF16, "u": BF16, "b": F32, "res": F32, "h": BF16, "v_new": BF16, "h0": F32, "ht": F32},
@@ -155,6 +155,8 @@ KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
      "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
+KERNELS["ops.chunkwise.cumsum.chunk_cumsum_kernel#gap"] = (                    # the chunk operator's forward cumsum
+    {"x": F32, "out": F32, "gap": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "REVERSE": False, "GAP": True})
 
 SCRIPT = r"""
 import importlib, json, sys
