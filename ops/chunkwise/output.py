@@ -31,7 +31,7 @@ import triton.language as tl
 from ops.chunkwise.cumsum import RESIDUAL_FROM, key_residual_to_last, residual_launches, residual_to_last, weak_chunk
 from ops.chunkwise.state import pad_chunks, chunk_last
 from ops.triton_utils import cdiv, load_rows, load_rows_t, row_offsets, store_rows
-from ops.triton_utils import dot_precision, tile
+from ops.triton_utils import dot_precision, sum_partials, tile
 
 
 @triton.jit
@@ -298,7 +298,7 @@ def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale: fl
                                     h.shape[1], H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM,
                                     exact, redo, num_warps=num_warps,
                                     **({} if num_stages is None else {"num_stages": num_stages}))
-    return dq, dk, (db.sum(0) if scalar else db)
+    return dq, dk, (sum_partials(db) if scalar else db)
 
 
 def chunk_fwd_o_ref(q, v, b, h, A, scale: float, chunk_size: int) -> torch.Tensor:

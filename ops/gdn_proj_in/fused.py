@@ -31,7 +31,7 @@ from ops.library import contiguous, kernel_op
 from ops.gdn_proj_in.kernels import gates_bwd_kernel, gates_fwd_kernel
 from ops.proj.gemm import padded_rows
 from ops.proj.short_conv import check_conv, conv_backward_into, conv_forward, conv_plan, document_positions
-from ops.triton_utils import cdiv, check_dtypes, check_triton_device, next_power_of_2
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device, next_power_of_2, sum_partials
 
 COMPONENTS = ("proj",)
 CUDA_GATE_ROWS = 128            # rows per program of the gate kernels (kernels.py)
@@ -128,7 +128,7 @@ def gdn_proj_in_tail_bwd(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, d
     ob, oa = sum(widths[:3]), sum(widths[:4])
     gates_bwd_kernel[(programs,)](y, A_log, dt_bias, dbeta, dg, dy, dA, ddt, B * T, H, y.stride(1), dy.stride(1), ob,
                                   oa, N, BR=br, HP=hp, PADP=next_power_of_2(max(1, N - oa - H)), **launch)
-    return dy, dcq, dck, dcv, dA.sum(0).to(A_log.dtype), ddt.sum(0).to(dt_bias.dtype)
+    return dy, dcq, dck, dcv, sum_partials(dA, A_log.dtype), sum_partials(ddt, dt_bias.dtype)
 
 
 def _setup_context(ctx, inputs: tuple, output: tuple) -> None:

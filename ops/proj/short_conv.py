@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ops import varlen
 from ops.library import absent, contiguous, kernel_op, maybe
-from ops.triton_utils import cdiv, next_power_of_2, sm_count
+from ops.triton_utils import cdiv, next_power_of_2, sm_count, sum_partials
 
 EPS = 1e-6                      # F.normalize's eps, as model/gated_deltanet.py uses it
 MAX_WIDTH = 4                   # the backward keeps one register tile per tap
@@ -296,7 +296,7 @@ def conv_backward_into(dx: torch.Tensor, dy: torch.Tensor, x: torch.Tensor, weig
     warps = dict(num_warps=CUDA_DX_WARPS) if x.is_cuda else {}
     short_conv_dx_kernel[(cdiv(T, bt), cdiv(C, bc), B)](dp, weight, dx, T, C, dx.stride(0), dx.stride(1), W=W,
                                                         BT=bt, BC=bc, **warps, **_pos_args(pos))
-    return dw.sum(0).to(weight.dtype), db.sum(0).to(bias.dtype) if bias is not None else None
+    return sum_partials(dw, weight.dtype), sum_partials(db, bias.dtype) if bias is not None else None
 
 
 def _setup_context(ctx, inputs: tuple, output: torch.Tensor) -> None:

@@ -37,7 +37,8 @@ from ops import backend_fn
 from ops.library import absent, contiguous, kernel_op
 from ops.proj.gemm import INTERPRET_TILES, launch_gemm
 from ops.proj_in.kernels import dgrad_kernel, dgrad_tma_kernel, gemm_in_kernel, gk_bwd_kernel, prologue_kernel
-from ops.triton_utils import cdiv, check_dtypes, check_triton_device, dot_precision, next_power_of_2
+from ops.triton_utils import (cdiv, check_dtypes, check_triton_device, dot_precision, next_power_of_2,
+                              sum_partials)
 
 COMPONENTS = ("proj",)
 # The Triton forward GEMM and the pointer-load dx: 4 configs each (TMA_CONFIGS below for dx by TMA), keyed on the
@@ -242,7 +243,7 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
     db_p = torch.empty(ranges, HK, **f32)
     gk_bwd_kernel[(n_col, ranges)](low, w_up, b_up, dgk, dlow_p, dwu_p, db_p, M, HK, L, inv_norm, rows,
                                    PREC=dot_precision(low), **t, **opts)
-    return dlow_p.sum(0).to(low.dtype), dwu_p.sum(0).t().contiguous().to(w_dtype), db_p.sum(0)
+    return sum_partials(dlow_p, low.dtype), sum_partials(dwu_p).t().contiguous().to(w_dtype), sum_partials(db_p)
 
 
 # The engine pairs by name (the operators' `engine` argument): the forward GEMM and dx (module docstring).

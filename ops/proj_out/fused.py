@@ -34,7 +34,7 @@ from ops import backend_fn
 from ops.library import contiguous, kernel_op
 from ops.proj.gemm import launch_gemm
 from ops.proj_out.kernels import gate_bwd_kernel, gate_fwd_kernel, gemm_res_kernel
-from ops.triton_utils import cdiv, check_dtypes, check_triton_device, dot_precision, next_power_of_2
+from ops.triton_utils import cdiv, check_dtypes, check_triton_device, dot_precision, next_power_of_2, sum_partials
 
 COMPONENTS = ("proj",)
 # The GEMM's tiles: 6 configs, keyed on (d, H·V) and the residual switch, never on the rows. 128×256 and
@@ -124,7 +124,7 @@ def gate_bwd(dg: torch.Tensor, o: torch.Tensor, r: torch.Tensor, nw: torch.Tenso
     warps = dict(num_warps=TILE_WARPS) if o.is_cuda else {}
     gate_bwd_kernel[(programs,)](dg, o, r, nw, g, do, dr, dnw, R, r.stride(0), eps, H=o.shape[1] // V, V=V, BV=bv,
                                  BR=br, LOOP=loop, GATE_FIRST=gate_first, **warps)
-    return g, do, dr, dnw.sum(0)
+    return g, do, dr, sum_partials(dnw)
 
 
 def _fwd_fake(o: torch.Tensor, r: torch.Tensor, nw: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None,

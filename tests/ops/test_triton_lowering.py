@@ -155,6 +155,7 @@ KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
      "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
+KERNELS["ops.triton_utils.sum_partials_kernel"] = ({"x": F32, "out": BF16}, ("P", "N"), (), {"BP": 128, "BN": 32})
 KERNELS["ops.chunkwise.cumsum.chunk_cumsum_kernel#gap"] = (                    # the chunk operator's forward cumsum
     {"x": F32, "out": F32, "gap": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "REVERSE": False, "GAP": True})
 
