@@ -124,7 +124,7 @@ def sum_partials_kernel(x, out, P, N, BP: tl.constexpr, BN: tl.constexpr):
 def sum_partials(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Σ over dim 0 of x [P, ...] (the per-program partial sums of a gradient, fp32) → [...] in dtype (x's by
     default), accumulated in fp32: one launch whose programs each load all P rows of a column tile at once
-    (SUM_ROWS at a time), so the result does not depend on the launch (deterministic)."""
+    (SUM_ROWS at a time). The summation order is fixed, so the result is deterministic."""
     x = x.contiguous()
     P, N = x.shape[0], x[0].numel()
     if P * N >= 2 ** 31:
