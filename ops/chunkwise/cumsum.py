@@ -70,12 +70,17 @@ def chunk_cumsum_kernel(x, out, T, H: tl.constexpr, S: tl.constexpr, BT: tl.cons
                  mask=(o_g < T)[:, None] & m_s)
 
 
-def chunk_cumsum(x: torch.Tensor, chunk_size: int, reverse: bool = False) -> torch.Tensor:
+def chunk_cumsum(x: torch.Tensor, chunk_size: int, reverse: bool = False,
+                 gap: torch.Tensor | None = None) -> torch.Tensor:
+    """The chunk-local cumsum of x [B, T, H, S] (reversed: Σ from each row to its chunk's end), fp32. gap: a
+    [B, T, H, S] fp32 buffer the same kernel fills with chunk_cumsum_gap's gaps (forward only)."""
+    if reverse and gap is not None:
+        raise ValueError("chunk_cumsum: gap goes with the forward cumsum (reverse=False)")
     B, T, H, S = x.shape
     out = torch.empty(B, T, H, S, dtype=torch.float32, device=x.device)
     BS = min(64, next_power_of_2(S))
     grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
-    chunk_cumsum_kernel[grid](x.contiguous(), out, T, H, S, chunk_size, BS, reverse)
+    chunk_cumsum_kernel[grid](x.contiguous(), out, T, H, S, chunk_size, BS, reverse, gap=gap, GAP=gap is not None)
     return out
 
 
@@ -83,12 +88,8 @@ def chunk_cumsum_gap(x: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, to
     """b = chunk_cumsum(x, chunk_size) and, from the same kernel, the gap to each chunk's last valid row L,
     c_t = b_L − b_t = Σ_{t<u≤L} x_u [B, T, H, S] fp32, scanned by itself: exact to the rounding of its own size,
     where b_L − b_t from b is off by ulp(|b_t|) (the state pass's exponents, module docstring)."""
-    B, T, H, S = x.shape
-    b, c = (torch.empty(B, T, H, S, dtype=torch.float32, device=x.device) for _ in range(2))
-    BS = min(64, next_power_of_2(S))
-    grid = (cdiv(S, BS), cdiv(T, chunk_size), B * H)
-    chunk_cumsum_kernel[grid](x.contiguous(), b, T, H, S, chunk_size, BS, False, gap=c, GAP=True)
-    return b, c
+    c = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    return chunk_cumsum(x, chunk_size, gap=c), c
 
 
 @triton.jit
@@ -131,7 +132,7 @@ def residual_to_last(res, i_b, i_h, last, o_t, m_t, T, H: tl.constexpr):
 
 @triton.jit
 def key_residual_to_last(res, i_b, i_h, last, o_t, m_t, o_k, m_k, T, H: tl.constexpr, K: tl.constexpr):
-    """r_L − r_t for a per-key decay, [BT, BK], read only where m_k (residual_mask's key tiles)."""
+    """r_L − r_t for a per-key decay, [BT, BK], read at the key dims m_k (0 elsewhere)."""
     return tl.load(res + row_offsets(i_b, i_h, last, T, H, K) + o_k, mask=m_k, other=0.0)[None, :] - \
         load_rows(res, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
 
@@ -164,8 +165,8 @@ def chunk_residual(g: torch.Tensor, b: torch.Tensor, chunk_size: int) -> torch.T
     chunk_size) made it (or any fp32 rounding of that cumsum). With a per-key decay (S > 1) r is formed only in the
     chunks whose decay exceeds RESIDUAL_FROM (chunk_decay), the rest left unwritten: a reader tests chunk_decay, or
     masks its loads with residual_mask, whose test (its own key tile's decay) holds only in such chunks. At realistic
-    decays the kernel then reads one row of b per chunk and returns. A scalar
-    decay's r is formed everywhere (one value a row)."""
+    decays the kernel then reads one row of b per chunk and returns. A scalar decay's r is formed everywhere (one
+    value a row)."""
     B, T, H, S = g.shape
     out = torch.empty(B, T, H, S, dtype=torch.float32, device=g.device)
     BS = min(64, next_power_of_2(S))
