@@ -201,8 +201,10 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
         for j in range(BC):                                # diagonal block, row by row, its diagonal left out
             t_j = i_t * BT + i_s * BC + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
-            b_kj = tl.load(k + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
-            b_qj = tl.load(q + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_kj = tl.load(k + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
+                           other=0.0).to(tl.float32)
+            b_qj = tl.load(q + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
+                           other=0.0).to(tl.float32)
             d = b_bs - tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
             if EXACT:
                 d += c_s - tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
