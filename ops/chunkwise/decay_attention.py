@@ -81,7 +81,8 @@ def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     dA = chunk_bwd_dA(do, v, chunk_size)
     dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
     res = chunk_residual(g, b, chunk_size)
-    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, chunk_size)
+    # a scalar decay's intra-chunk parts are formed inside chunk_bwd_dqkb
+    dq_intra, dk_intra = (None, None) if b.shape[-1] == 1 else chunk_intra_bwd(q, k, b, res, dA, scale, chunk_size)
     dq, dk, db = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale, chunk_size)
     return (sum_groups(dq, G), sum_groups(dk, G), dv, decay_grad(db, chunk_size, g_dtype),
             absent(dv) if dh0 is None else dh0)

@@ -169,10 +169,14 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
 def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr, HG: tl.constexpr = 1):
+                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr, HG: tl.constexpr = 1,
+                          INTRA: tl.constexpr = False):
     """EXACT: exp(b_L − b) adds r_L − r (res: b's residual, ops/chunkwise/cumsum.py); REDO: returns at once from
     the chunks whose decay is at most MAXR (cumsum.residual_launches). HG: heads per q and k head, as
-    chunk_fwd_o_kernel's; dq, dk and the intra-chunk parts are per head."""
+    chunk_fwd_o_kernel's; dq, dk and the intra-chunk parts are per head. INTRA (scalar decay): the intra-chunk
+    parts are formed here, M = dA ⊙ exp(b_i − b_j) over the strictly lower pairs j < i of the chunk, dq += scale M k
+    and dk += scale Mᵀ q (chunk_intra_bwd's sums as two dots; the exponents add r_i − r_j with EXACT), instead of
+    read from dq_intra and dk_intra."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if REDO:
@@ -211,8 +215,20 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
     is_last = (o_t == last)[:, None]
     b_dks = tl.where(is_last, 0.0, b_dk)                      # the last row's state pair, out of db (docstring)
     tail = b_hdh + tl.sum(b_k * b_dks, axis=0)                # the last row's extra terms, per key dim
-    b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
-    b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
+    if INTRA:
+        b_M = tl.load(dA + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :],
+                      mask=m_t[:, None], other=0.0)
+        d = b_b[:, None] - b_b[None, :]
+        if EXACT:
+            c = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+            d += c[:, None] - c[None, :]
+        keep = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]
+        b_M = b_M * tl.exp(tl.where(keep, d, float("-inf")))
+        b_dq += tl.dot(b_M, b_k, input_precision=PREC) * scale
+        b_dki = tl.dot(tl.trans(b_M), b_q, input_precision=PREC) * scale
+    else:
+        b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
+        b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
     b_db = b_q * b_dq - b_k * (b_dks + b_dki)
     b_dk += b_dki
     if SCALAR:
@@ -283,7 +299,9 @@ def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.
 def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale: float, chunk_size: int,
                    num_warps: int = 4, num_stages: int | None = None):
     """dq_intra, dk_intra: chunk_intra_bwd's, without the diagonal pairs, which this kernel adds (module docstring)
-    from the diagonal of dA = chunk_bwd_dA(do, v). res: b's residual (cumsum.chunk_residual).
+    from the diagonal of dA = chunk_bwd_dA(do, v); None with a scalar decay: the kernel forms them from dA itself
+    (INTRA), one launch and two [B, T, H, K] fp32 round trips through HBM fewer. res: b's residual
+    (cumsum.chunk_residual).
     Returns dq, dk per head ([B, T, H, K], the inputs' dtypes, also where q and k are shared by groups of heads, as
     chunk_fwd_h's k) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
     num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined, the scalar-decay
@@ -296,14 +314,20 @@ def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale: fl
     NK = cdiv(K, BK)
     scalar = b.shape[-1] == 1
     num_stages = 1 if num_stages is None and scalar else num_stages
+    intra = dq_intra is None
+    if intra and not scalar:
+        raise ValueError("chunk_bwd_dqkb: the intra-chunk parts are formed in the kernel only for a scalar decay; "
+                         "pass chunk_intra_bwd's dq_intra and dk_intra for a per-key one")
     dq, dk = (torch.empty(B, T, H, K, dtype=x.dtype, device=x.device) for x in (q, k))
+    if intra:
+        dq_intra, dk_intra = dq, dk                          # unread (INTRA)
     db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, cdiv(T, chunk_size), B * H)
     for exact, redo in residual_launches(scalar):
         chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq, dk, db, scale, T,
                                     h.shape[1], H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM,
-                                    exact, redo, HG=H // G, num_warps=num_warps,
+                                    exact, redo, HG=H // G, INTRA=intra, num_warps=num_warps,
                                     **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (sum_partials(db) if scalar else db)
 

@@ -75,6 +75,10 @@ def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     ref = chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dqi, dki, scale, C)
     for name, x, y in zip(("dq", "dk", "db"), got, ref):
         assert rel_err(x, y) < tol, name
+    if scalar:                                          # the intra-chunk parts formed inside, from dA
+        got = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, None, None, scale, C)
+        for name, x, y in zip(("dq", "dk", "db"), got, ref):
+            assert rel_err(x, y) < tol, f"{name} (intra inside)"
 
 
 @pytest.mark.parametrize("B,T,G,H,D", [(2, 7, 1, 4, 12), (1, 33, 2, 6, 16), (1, 5, 3, 9, 8)])

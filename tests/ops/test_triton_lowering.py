@@ -152,7 +152,10 @@ KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
     {**{n: BF16 for n in ("q", "k", "v", "h", "dh", "do", "dq", "dk")},
      **{n: F32 for n in ("b", "res", "dA", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
     {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "SCALAR": False, "PREC": "tf32", "MAXR": 64.0,
-     "EXACT": True, "REDO": True, "HG": 2})
+     "EXACT": True, "REDO": True, "HG": 2, "INTRA": False})
+KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#scalar-intra"] = (       # a scalar decay's intra-chunk parts inside
+    KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"][0], ("T", "NT"), ("scale",),
+    {**KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"][3], "SCALAR": True, "REDO": False, "INTRA": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
 KERNELS["ops.triton_utils.sum_partials_kernel"] = ({"x": F32, "out": BF16}, ("P", "N"), (), {"BP": 128, "BN": 32})
