@@ -52,13 +52,12 @@ def chunk_decay_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     asked), and for the backward b [B, T, H, K|1] fp32, h [B, NT, H, K, V] and A [B, T, H, C] (q's dtype).
     reset, n_docs: packed documents (ops/varlen.Documents; states [n_docs, H, K, V]), or None, 0."""
     H = v.shape[2]
-    q, k, v, b, h, ht = states_forward(expand_heads(q, H), expand_heads(k, H), v, g, initial_state,
-                                       output_final_state, chunk_size, split_state, documents(reset, n_docs),
-                                       exact=True)
+    q, k, v, b, h, ht = states_forward(q, k, v, g, initial_state, output_final_state, chunk_size, split_state,
+                                       documents(reset, n_docs), exact=True)
     if b.shape[-1] == 1:
         o, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, chunk_size)
     else:
-        A = chunk_intra_fwd(q, k, b, scale, chunk_size)
+        A = chunk_intra_fwd(expand_heads(q, H), expand_heads(k, H), b, scale, chunk_size)
         o = chunk_fwd_o(q, v, b, h, A, scale, chunk_size)
     return o, absent(o) if ht is None else ht, b, h, A
 
@@ -75,14 +74,15 @@ def chunk_decay_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward stages, from the forward's inputs q, k (grouped or not), v, g and outputs b, h, A. Returns dq,
     dk (q's and k's shapes), dv, dg (g_dtype) and dh0 [B, H, K, V] fp32 (0 elements without an initial state)."""
-    H, G = v.shape[2], q.shape[2]
-    q, k, v = (x.contiguous() for x in (expand_heads(q, H), expand_heads(k, H), v))
+    G = q.shape[2]
+    q, k, v = (x.contiguous() for x in (q, k, v))
     do, dh, dh0 = states_backward(q, k, v, b, do, dht, has_h0, scale, chunk_size, split_state,
                                   documents(reset, n_docs))
     dA = chunk_bwd_dA(do, v, chunk_size)
     dv = chunk_bwd_dv(k, b, A, do, dh, chunk_size)
     res = chunk_residual(g, b, chunk_size)
-    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, chunk_size)
+    # a scalar decay's intra-chunk parts are formed inside chunk_bwd_dqkb
+    dq_intra, dk_intra = (None, None) if b.shape[-1] == 1 else chunk_intra_bwd(q, k, b, res, dA, scale, chunk_size)
     dq, dk, db = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale, chunk_size)
     return (sum_groups(dq, G), sum_groups(dk, G), dv, decay_grad(db, chunk_size, g_dtype),
             absent(dv) if dh0 is None else dh0)
@@ -124,7 +124,8 @@ def expand_heads_kernel(x, y, n, HG, D: tl.constexpr, BR: tl.constexpr, BD: tl.c
 def expand_heads(x: torch.Tensor, H: int) -> torch.Tensor:
     """[B, T, G, D] → [B, T, H, D] contiguous, head h reading group h // (H / G) (Mamba-2's convention); the
     tensor itself when G = H. A kernel rather than repeat_interleave, whose strided copy runs at a quarter of
-    HBM bandwidth (at mamba2_370m, 32 heads of one group, 10 % of the training step)."""
+    HBM bandwidth. Only the per-key decay's intra-chunk scores need it: every other kernel reads a group's q and k
+    where its heads share them (their HG)."""
     B, T, G, D = x.shape
     if G == H:
         return x
@@ -224,8 +225,8 @@ def state_segments(k: torch.Tensor, v: torch.Tensor, chunk_size: int, split: boo
     """How many segments the state scan runs in: 1 (sequential over chunks) unless split."""
     if not split:
         return 1
-    B, T, H, K = k.shape
-    return split_segments(B, H, K, v.shape[-1], T, chunk_size, k.device)
+    B, T, H, V = v.shape
+    return split_segments(B, H, k.shape[-1], V, T, chunk_size, k.device)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,

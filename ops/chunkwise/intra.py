@@ -108,11 +108,12 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
 @triton.jit
 def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
                            BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                           MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr):
+                           MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr, HG: tl.constexpr = 1):
     """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s, the
     diagonal pairs left out (see the module docstring). EXACT adds r_i − r_j to every exponent b_i − b_j (res: b's
     residual, ops/chunkwise/cumsum.py). REDO returns at once from the chunks whose decay is at most MAXR, so that a
-    launch without r over every chunk, then one with EXACT and REDO, costs the common path no test of the decay."""
+    launch without r over every chunk, then one with EXACT and REDO, costs the common path no test of the decay.
+    HG: heads per q and k head (q, k [B, T, H / HG, K], head h reading their h // HG); dq, dk are per head."""
     i_kc, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
@@ -144,7 +145,7 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
                            mask=m_s[:, None], other=0.0)
             keep = (o_s[:, None] > o_j[None, :]) & m_s[:, None] & m_j[None, :]              # off-diagonal
             b_dA = b_dA * tl.exp(tl.where(keep, d, float("-inf")))
-            b_k = load_rows(k, i_b, i_h, o_j, m_j, o_k, m_k, T, H, K).to(tl.float32)
+            b_k = load_rows(k, i_b, i_h // HG, o_j, m_j, o_k, m_k, T, H // HG, K).to(tl.float32)
             b_dq += tl.dot(b_dA, b_k, input_precision=PREC)
         for i_i in range(i_s, NC):                                         # dk: blocks I ≥ s
             o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
@@ -156,7 +157,7 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
                            mask=m_i[:, None], other=0.0)
             keep = (o_i[:, None] > o_s[None, :]) & m_i[:, None] & m_s[None, :]
             b_dA = b_dA * tl.exp(tl.where(keep, d, float("-inf")))
-            b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_q = load_rows(q, i_b, i_h // HG, o_i, m_i, o_k, m_k, T, H // HG, K).to(tl.float32)
             b_dk += tl.dot(tl.trans(b_dA), b_q, input_precision=PREC)
     else:
         b_bs = load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
@@ -167,7 +168,7 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
             c_rs = tl.load(res + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
         for i_j in range(i_s):                                             # dq, off-diagonal J < s
             o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
-            b_k = load_rows(k, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K).to(tl.float32)
+            b_k = load_rows(k, i_b, i_h // HG, o_j, o_j < T, o_k, m_k, T, H // HG, K).to(tl.float32)
             d = b_brs[None, :] - load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
             if EXACT:
                 d += c_rs[None, :] - load_rows(res, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
@@ -184,7 +185,7 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
             r = i_t * BT + i_i * BC
             r_ok = (o_k * 0 + r) < T
             b_br = tl.load(b + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
-            b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K).to(tl.float32)
+            b_q = load_rows(q, i_b, i_h // HG, o_i, m_i, o_k, m_k, T, H // HG, K).to(tl.float32)
             d_i = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - b_br[None, :]     # q side, ≤ 0
             d_s = b_br[None, :] - b_bs                                                    # k side, ≤ 0
             if EXACT:
@@ -196,12 +197,14 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
             b_qg = b_q * tl.exp(tl.where(m_i[:, None], d_i, 0.0))
             b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
                 tl.exp(tl.where(m_s[:, None] & r_ok[None, :], d_s, float("-inf")))
-        b_q = load_rows(q, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K).to(tl.float32)
+        b_q = load_rows(q, i_b, i_h // HG, o_s, m_s, o_k, m_k, T, H // HG, K).to(tl.float32)
         for j in range(BC):                                # diagonal block, row by row, its diagonal left out
             t_j = i_t * BT + i_s * BC + j
             m_jk = m_k & ((o_k * 0 + t_j) < T)
-            b_kj = tl.load(k + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
-            b_qj = tl.load(q + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0).to(tl.float32)
+            b_kj = tl.load(k + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
+                           other=0.0).to(tl.float32)
+            b_qj = tl.load(q + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
+                           other=0.0).to(tl.float32)
             d = b_bs - tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
             if EXACT:
                 d += c_s - tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
@@ -243,8 +246,10 @@ INTRA_BWD_SCALAR_LAUNCH = dict(num_warps=2, num_stages=2)
 def chunk_intra_bwd(q, k, b, res, dA, scale: float, chunk_size: int, sub_chunk: int | None = None, **launch):
     """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32, from the strictly lower
     pairs j < i (the diagonal's share is output.chunk_bwd_dqkb's). res: b's residual (cumsum.chunk_residual).
-    sub_chunk: rows a program takes (None: 32 for a scalar decay, else 16); launch: num_warps / num_stages."""
-    B, T, H, K = q.shape
+    sub_chunk: rows a program takes (None: 32 for a scalar decay, else 16); launch: num_warps / num_stages.
+    q, k may be shared by groups of heads ([B, T, G, K], as chunk_fwd_h's k); dq, dk are per head."""
+    B, T, G, K = q.shape
+    H = dA.shape[2]
     scalar = b.shape[-1] == 1
     BC, BK = min(sub_chunk or (32 if scalar else 16), chunk_size), tile(K)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
@@ -253,7 +258,7 @@ def chunk_intra_bwd(q, k, b, res, dA, scale: float, chunk_size: int, sub_chunk: 
     launch = (INTRA_BWD_SCALAR_LAUNCH if scalar else INTRA_BWD_LAUNCH) | launch
     for exact, redo in residual_launches(scalar):
         chunk_intra_bwd_kernel[grid](q, k, b, res, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, scalar,
-                                     dot_precision(q), RESIDUAL_FROM, exact, redo, **launch)
+                                     dot_precision(q), RESIDUAL_FROM, exact, redo, HG=H // G, **launch)
     return dq, dk
 
 

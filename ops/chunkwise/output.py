@@ -37,10 +37,11 @@ from ops.triton_utils import dot_precision, sum_partials, tile
 @triton.jit
 def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                        BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
-                       INLINE_A: tl.constexpr, PREC: tl.constexpr, res=None, EXACT: tl.constexpr = False):
+                       INLINE_A: tl.constexpr, PREC: tl.constexpr, res=None, EXACT: tl.constexpr = False,
+                       HG: tl.constexpr = 1):
     """INLINE_A (scalar decay only): form A = scale (q kᵀ) ⊙ exp(b_i − b_j) here instead of reading it,
     and store it for the backward from the first V tile's program; EXACT: the exponent adds r_i − r_j (res:
-    b's residual, cumsum.py)."""
+    b's residual, cumsum.py). HG: heads per q and k head (q, k [B, T, H / HG, K]; head h reads their h // HG)."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -56,9 +57,10 @@ def chunk_fwd_o_kernel(q, k, v, b, h, A, o, scale, T, NT, H: tl.constexpr, K: tl
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_q = load_rows(q, i_b, i_h // HG, o_t, m_t, o_k, m_k, T, H // HG, K)
         if INLINE_A:
-            b_s += tl.dot(b_q, load_rows_t(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K), input_precision=PREC)
+            b_s += tl.dot(b_q, load_rows_t(k, i_b, i_h // HG, o_t, m_t, o_k, m_k, T, H // HG, K),
+                          input_precision=PREC)
         if SCALAR:
             b_qd = b_q * (tl.exp(b_b) * scale)[:, None]
         else:
@@ -104,7 +106,8 @@ def chunk_bwd_dA_kernel(do, v, dA, T, H: tl.constexpr, V: tl.constexpr, BT: tl.c
 @triton.jit
 def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr,
-                        PREC: tl.constexpr):
+                        PREC: tl.constexpr, HG: tl.constexpr = 1):
+    """HG: heads per k head, as chunk_fwd_o_kernel's."""
     i_v, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = i_t * BT + tl.arange(0, BT)
@@ -121,7 +124,7 @@ def chunk_bwd_dv_kernel(k, b, A, do, dh, dv, T, NT, H: tl.constexpr, K: tl.const
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K)
+        b_k = load_rows(k, i_b, i_h // HG, o_t, m_t, o_k, m_k, T, H // HG, K)
         if SCALAR:
             b_kd = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         else:
@@ -166,9 +169,14 @@ def state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H: tl.co
 def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq, dk, db, scale, T, NT,
                           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                           BK: tl.constexpr, BV: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr):
+                          MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr, HG: tl.constexpr = 1,
+                          INTRA: tl.constexpr = False):
     """EXACT: exp(b_L − b) adds r_L − r (res: b's residual, ops/chunkwise/cumsum.py); REDO: returns at once from
-    the chunks whose decay is at most MAXR (cumsum.residual_launches)."""
+    the chunks whose decay is at most MAXR (cumsum.residual_launches). HG: heads per q and k head, as
+    chunk_fwd_o_kernel's; dq, dk and the intra-chunk parts are per head. INTRA (scalar decay): the intra-chunk
+    parts are formed here, M = dA ⊙ exp(b_i − b_j) over the strictly lower pairs j < i of the chunk, dq += scale M k
+    and dk += scale Mᵀ q (chunk_intra_bwd's sums as two dots; the exponents add r_i − r_j with EXACT), instead of
+    read from dq_intra and dk_intra."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if REDO:
@@ -183,8 +191,8 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
     b_dq, b_dk, b_hdh, b_dAd = state_grads(v, h, dh, do, i_b, i_h, i_t, o_t, m_t, o_k, m_k, T, NT, H, K, V, BT, BK, BV,
                                            PREC, False)
     b_dAd = tl.load(dA + row_offsets(i_b, i_h, o_t, T, H, BT) + (o_t - i_t * BT), mask=m_t, other=0.0)   # dA_tt
-    b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
-    b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, m_k, T, H, K).to(tl.float32)
+    b_q = load_rows(q, i_b, i_h // HG, o_t, m_t, o_k, m_k, T, H // HG, K).to(tl.float32)
+    b_k = load_rows(k, i_b, i_h // HG, o_t, m_t, o_k, m_k, T, H // HG, K).to(tl.float32)
     if SCALAR:
         b_b = tl.load(b + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
         b_bl = tl.load(b + row_offsets(i_b, i_h, last, T, H, 1))
@@ -207,8 +215,20 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
     is_last = (o_t == last)[:, None]
     b_dks = tl.where(is_last, 0.0, b_dk)                      # the last row's state pair, out of db (docstring)
     tail = b_hdh + tl.sum(b_k * b_dks, axis=0)                # the last row's extra terms, per key dim
-    b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
-    b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
+    if INTRA:
+        b_M = tl.load(dA + row_offsets(i_b, i_h, o_t[:, None], T, H, BT) + tl.arange(0, BT)[None, :],
+                      mask=m_t[:, None], other=0.0)
+        d = b_b[:, None] - b_b[None, :]
+        if EXACT:
+            c = tl.load(res + row_offsets(i_b, i_h, o_t, T, H, 1), mask=m_t, other=0.0)
+            d += c[:, None] - c[None, :]
+        keep = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]
+        b_M = b_M * tl.exp(tl.where(keep, d, float("-inf")))
+        b_dq += tl.dot(b_M, b_k, input_precision=PREC) * scale
+        b_dki = tl.dot(tl.trans(b_M), b_q, input_precision=PREC) * scale
+    else:
+        b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
+        b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
     b_db = b_q * b_dq - b_k * (b_dks + b_dki)
     b_dk += b_dki
     if SCALAR:
@@ -237,19 +257,20 @@ def chunk_fwd_o_scalar(q, k, v, b, h, scale: float, chunk_size: int, res: torch.
                        **launch) -> tuple[torch.Tensor, torch.Tensor]:
     """Scalar decay (b [B, T, H, 1]): A is one masked GEMM, so the output kernel forms it itself, one
     launch and one A read fewer than chunk_intra_fwd + chunk_fwd_o. Returns o and A (q's dtype, for
-    the backward). res: b's residual, added to A's exponents, or None (b alone)."""
-    A = torch.empty(*q.shape[:3], chunk_size, dtype=q.dtype, device=q.device)
+    the backward). res: b's residual, added to A's exponents, or None (b alone). q, k: [B, T, H, K], or
+    [B, T, G, K] shared by groups of H / G heads (chunk_fwd_h's k)."""
+    A = torch.empty(*v.shape[:3], chunk_size, dtype=q.dtype, device=q.device)
     return _fwd_o(q, k, v, b, h, A, scale, chunk_size, True, O_SCALAR_LAUNCH | launch, res), A
 
 
 def _fwd_o(q, k, v, b, h, A, scale, chunk_size, inline_a, launch, res=None):
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, G, K = q.shape
+    H, V = v.shape[2:]
     BK, BV = tile(K), tile(V)
     o = torch.empty_like(v)
     grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     chunk_fwd_o_kernel[grid](q, k, v, b, h, A, o, scale, T, h.shape[1], H, K, V, chunk_size, BK, BV,
-                             b.shape[-1] == 1, inline_a, dot_precision(v), res, res is not None, **launch)
+                             b.shape[-1] == 1, inline_a, dot_precision(v), res, res is not None, HG=H // G, **launch)
     return o
 
 
@@ -264,39 +285,49 @@ def chunk_bwd_dA(do, v, chunk_size: int) -> torch.Tensor:
 
 
 def chunk_bwd_dv(k, b, A, do, dh, chunk_size: int, num_warps: int = 4) -> torch.Tensor:
-    B, T, H, K = k.shape
-    V = do.shape[-1]
+    """dv [B, T, H, V] (do's dtype); k as chunk_fwd_h's (grouped or not)."""
+    B, T, G, K = k.shape
+    H, V = do.shape[2:]
     BK, BV = tile(K), tile(V)
     dv = torch.empty_like(do)
     grid = (cdiv(V, BV), cdiv(T, chunk_size), B * H)
     chunk_bwd_dv_kernel[grid](k, b, A, do, dh, dv, T, dh.shape[1], H, K, V, chunk_size, BK, BV,
-                              b.shape[-1] == 1, dot_precision(do), num_warps=num_warps)
+                              b.shape[-1] == 1, dot_precision(do), HG=H // G, num_warps=num_warps)
     return dv
 
 
 def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale: float, chunk_size: int,
                    num_warps: int = 4, num_stages: int | None = None):
     """dq_intra, dk_intra: chunk_intra_bwd's, without the diagonal pairs, which this kernel adds (module docstring)
-    from the diagonal of dA = chunk_bwd_dA(do, v). res: b's residual (cumsum.chunk_residual).
-    Returns dq, dk (input dtypes) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
+    from the diagonal of dA = chunk_bwd_dA(do, v); None with a scalar decay: the kernel forms them from dA itself
+    (INTRA), one launch and two [B, T, H, K] fp32 round trips through HBM fewer. res: b's residual
+    (cumsum.chunk_residual).
+    Returns dq, dk per head ([B, T, H, K], the inputs' dtypes, also where q and k are shared by groups of heads, as
+    chunk_fwd_h's k) and db (fp32: [B, T, H, K], or [B, T, H, 1] for a scalar decay).
     num_stages: None picks 1 for a scalar decay, else Triton's default. Software-pipelined, the scalar-decay
     kernel races on the H100 at K = V = 128 with two V tiles (about one call in 600 gives different dk and db bits
     on identical inputs); unpipelined it never does. The per-key kernel runs the same V loop and keeps the default:
     thousands of pipelined calls at K128 V256 never differed."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, G, K = q.shape
+    H, V = v.shape[2:]
     BK, BV = tile(K), tile(V)
     NK = cdiv(K, BK)
     scalar = b.shape[-1] == 1
     num_stages = 1 if num_stages is None and scalar else num_stages
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    intra = dq_intra is None
+    if intra and not scalar:
+        raise ValueError("chunk_bwd_dqkb: the intra-chunk parts are formed in the kernel only for a scalar decay; "
+                         "pass chunk_intra_bwd's dq_intra and dk_intra for a per-key one")
+    dq, dk = (torch.empty(B, T, H, K, dtype=x.dtype, device=x.device) for x in (q, k))
+    if intra:
+        dq_intra, dk_intra = dq, dk                          # unread (INTRA)
     db = torch.empty(NK, B, T, H, 1, dtype=torch.float32, device=q.device) if scalar else \
         torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     grid = (NK, cdiv(T, chunk_size), B * H)
     for exact, redo in residual_launches(scalar):
         chunk_bwd_dqkb_kernel[grid](q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq, dk, db, scale, T,
                                     h.shape[1], H, K, V, chunk_size, BK, BV, scalar, dot_precision(do), RESIDUAL_FROM,
-                                    exact, redo, num_warps=num_warps,
+                                    exact, redo, HG=H // G, INTRA=intra, num_warps=num_warps,
                                     **({} if num_stages is None else {"num_stages": num_stages}))
     return dq, dk, (sum_partials(db) if scalar else db)
 

@@ -77,14 +77,15 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
                        V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                        SCALAR: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr,
                        SEEDED: tl.constexpr, STEP: tl.constexpr = False, reset=None, hd=None,
-                       HAS_RESET: tl.constexpr = False, gap=None, GAP: tl.constexpr = False):
+                       HAS_RESET: tl.constexpr = False, gap=None, GAP: tl.constexpr = False, HG: tl.constexpr = 1):
     """Chunks [i_s·NS, (i_s+1)·NS) of one (batch·head); ht [B, S, H, K, V] gets each segment's end
     state and lam [B, S, H, K|1] its total log-decay (S = 1: the final state; lam unused).
     GAP: the exponents b_L − b are read from gap (cumsum.chunk_cumsum_gap: each summed by itself) instead of formed
     from b, which is then read at each chunk's last row alone.
     SEEDED: each segment starts from its own state h0 [B, S, H, K, V] and stores no end (chunk_fwd_h_from).
     HAS_RESET (packed documents, S = 1 or SEEDED; resets.py): the state restarts at each document's first chunk
-    from hd [N, H, K, V] (USE_H0) or zero, and ht [N, H, K, V] gets each document's final state."""
+    from hd [N, H, K, V] (USE_H0) or zero, and ht [N, H, K, V] gets each document's final state.
+    HG: heads per k head (k [B, T, H / HG, K], head h reading k's head h // HG)."""
     i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
@@ -107,7 +108,7 @@ def chunk_fwd_h_kernel(k, v, b, h, h0, ht, lam, T, NT, NS, S: tl.constexpr, H: t
                  b_h.to(h.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        b_k = load_rows(k, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
+        b_k = load_rows(k, i_b, i_h // HG, o_t, m_t, o_k, o_k < K, T, H // HG, K)
         b_v = load_rows(v, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
         if GAP:
             b_d, b_bl = _chunk_gaps(gap, b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR)
@@ -151,11 +152,12 @@ def _store_segment_end(ht, lam, b_h, b_lam, i_b, i_h, i_s, S, o_k, o_v, m_kv, H:
 def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                         V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                         SCALAR: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                        PREC: tl.constexpr, STEP: tl.constexpr = False, reset=None, HAS_RESET: tl.constexpr = False):
+                        PREC: tl.constexpr, STEP: tl.constexpr = False, reset=None, HAS_RESET: tl.constexpr = False,
+                        HG: tl.constexpr = 1):
     """The forward's segments run backwards: segment i_s starts from zero at its last chunk (dht
     for the last segment); dh0 [B, S, H, K, V] gets each segment's start gradient, lam its decay.
     HAS_RESET (packed documents, S = 1; resets.py): dh restarts from dht[d] at document d's last chunk, and
-    dh0 [N, H, K, V] gets each document's start gradient."""
+    dh0 [N, H, K, V] gets each document's start gradient. HG: heads per q head, as chunk_fwd_h_kernel's for k."""
     i_k, i_v, i_bhs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_bh, i_s = i_bhs // S, i_bhs % S
     i_b, i_h = i_bh // H, i_bh % H
@@ -177,7 +179,7 @@ def chunk_bwd_dh_kernel(q, do, b, dh, dht, dh0, lam, scale, T, NT, NS, S: tl.con
                  b_dh.to(dh.dtype.element_ty), mask=m_kv)
         o_t = i_t * BT + tl.arange(0, BT)
         m_t = o_t < T
-        b_q = load_rows(q, i_b, i_h, o_t, m_t, o_k, o_k < K, T, H, K)
+        b_q = load_rows(q, i_b, i_h // HG, o_t, m_t, o_k, o_k < K, T, H // HG, K)
         b_do = load_rows(do, i_b, i_h, o_t, m_t, o_v, o_v < V, T, H, V)
         b_b, b_bl = _chunk_decays(b, i_b, i_h, i_t, T, o_t, m_t, o_k, H, K, BT, SCALAR, STEP)
         if SCALAR:
@@ -249,7 +251,8 @@ def state_fixup_kernel(h, e, lam, b, ht, T, NT, NS, S: tl.constexpr, H: tl.const
 
 def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments: int = 1, step_decays: bool = False,
                 docs: Documents | None = None, gap: torch.Tensor | None = None, **launch):
-    """k: [B, T, H, K]; v: [B, T, H, V]; b: [B, T, H, K|1] fp32, chunk-local cumulative (cumsum.py). Returns
+    """k: [B, T, H, K], or [B, T, G, K] shared by groups of H / G heads (head h reads k's head h // (H / G));
+    v: [B, T, H, V]; b: [B, T, H, K|1] fp32, chunk-local cumulative (cumsum.py). Returns
     h [B, NT, H, K, V] in k's dtype (the state entering each chunk) and the final state [B, H, K, V] fp32, or
     None. segments > 1: the split scan (module docstring; split_segments picks it). step_decays: b holds the
     per-step log-decays instead, in any float dtype (bf16 halves their read), and the kernels take the
@@ -257,7 +260,8 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     docs (packed documents, B = 1, chunk-aligned; resets.py): the state restarts at each document from h0[n]
     ([N, H, K, V]) or zero and the final state is [N, H, K, V]; the scan is not split (segments must be 1).
     gap: the exponents b_L − b, each summed by itself (cumsum.chunk_cumsum_gap), read instead of formed from b."""
-    B, T, H, K = k.shape
+    B, T, G, K = k.shape
+    H = v.shape[2]
     if gap is not None and step_decays:
         raise ValueError("chunk_fwd_h: gap goes with the cumulative b (step_decays=False); per-step decays are summed "
                          "in the kernel")
@@ -272,7 +276,7 @@ def chunk_fwd_h(k, v, b, h0, output_final_state: bool, chunk_size: int, segments
     # 4 warps unpipelined: the best of a launch sweep on the H100 (a quarter faster at the GLA-340M layer)
     chunk_fwd_h_kernel[grid](k, v, b, h, h0, e, lam, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                              h0 is not None, output_final_state, dot_precision(v), False, step_decays,
-                             **_reset_args(docs, S, hd=h0), gap=gap, GAP=gap is not None,
+                             **_reset_args(docs, S, hd=h0), gap=gap, GAP=gap is not None, HG=H // G,
                              **(dict(num_warps=4, num_stages=1) | launch))
     if S > 1:
         state_fixup_kernel[grid](h, e, lam, b, ht, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
@@ -307,8 +311,10 @@ def chunk_fwd_h_from(k, v, b, h_kept, chunk_size: int, interval: int, docs: Docu
 def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, segments: int = 1,
                  step_decays: bool = False, docs: Documents | None = None):
     """Returns dh [B, NT, H, K, V] in q's dtype (gradient of the state *leaving* each chunk) and
-    dh0 [B, H, K, V] fp32. b, segments, step_decays and docs as chunk_fwd_h's (docs: dht and dh0 [N, H, K, V])."""
-    B, T, H, K = q.shape
+    dh0 [B, H, K, V] fp32. q, b, segments, step_decays and docs as chunk_fwd_h's k, b, ... (docs: dht and dh0
+    [N, H, K, V])."""
+    B, T, G, K = q.shape
+    H = do.shape[2]
     V, NT = do.shape[-1], cdiv(T, chunk_size)
     BK, BV = tile(K), tile(V)
     NS, S = segment_plan(NT, segments)
@@ -319,7 +325,7 @@ def chunk_bwd_dh(q, do, b, dht, need_dh0: bool, scale: float, chunk_size: int, s
     grid = (cdiv(K, BK), cdiv(V, BV), B * H * S)
     chunk_bwd_dh_kernel[grid](q, do, b, dh, dht, e, lam, scale, T, NT, NS, S, H, K, V, chunk_size, BK, BV,
                               b.shape[-1] == 1, dht is not None, need_dh0, dot_precision(do), step_decays,
-                              **_reset_args(docs, S))
+                              **_reset_args(docs, S), HG=H // G)
     if S > 1:
         state_fixup_kernel[grid](dh, e, lam, b, dh0, T, NT, NS, S, H, K, V, chunk_size, BK, BV, b.shape[-1] == 1,
                                  True, need_dh0, step_decays)

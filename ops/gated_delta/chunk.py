@@ -30,7 +30,6 @@ from ops import backend_fn, varlen
 from ops.library import absent, contiguous, kernel_op, maybe
 from ops.chunkwise.cumsum import chunk_cumsum, chunk_residual
 from ops.chunkwise.decay_attention import check_inputs, documents, documents_args
-from ops.chunkwise.intra import chunk_intra_bwd
 from ops.chunkwise.output import chunk_bwd_dA, chunk_bwd_dqkb, chunk_fwd_o_scalar
 from ops.gated_delta.delta_state import MAX_K, delta_h_bwd, delta_h_fwd, state_tiles
 from ops.gated_delta.wy import wy_bwd, wy_fwd
@@ -113,10 +112,9 @@ def chunk_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Ten
     q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
     C = chunk_size
     dA = chunk_bwd_dA(do, v_new, C)
-    dq_intra, dk_intra = chunk_intra_bwd(q, k, b, res, dA, scale, C)
     dh, dv_new, dh0 = delta_h_bwd(q, k, w, b, res, A, do, dht, need_dh0, scale, C, state_dtype=h.dtype,
                                   docs=documents(reset, n_docs))
-    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, res, h, dh, do, dA, dq_intra, dk_intra, scale, C)
+    dq, dk_o, db_o = chunk_bwd_dqkb(q, k, v_new, b, res, h, dh, do, dA, None, None, scale, C)
     dk, dv, dbeta, db_wy = wy_bwd(k, v, b, res, beta, Ai, h, dv_new, dk_o, C)
     dg = chunk_cumsum(db_o + db_wy.unsqueeze(-1), C, reverse=True).squeeze(-1)
     return dq, dk, dv, dg.to(g_dtype), dbeta.to(beta.dtype), (dh0 if need_dh0 else absent(q))

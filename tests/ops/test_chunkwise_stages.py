@@ -16,7 +16,7 @@ from ops.chunkwise.intra import chunk_intra_bwd, chunk_intra_bwd_ref, chunk_intr
 from ops.chunkwise.output import (chunk_bwd_dA, chunk_bwd_dA_ref, chunk_bwd_dqkb, chunk_bwd_dqkb_ref, chunk_bwd_dv,
                                 chunk_bwd_dv_ref, chunk_fwd_o, chunk_fwd_o_ref, chunk_fwd_o_scalar)
 from ops.chunkwise.cumsum import chunk_cumsum, chunk_cumsum_gap, chunk_cumsum_ref
-from ops.chunkwise.decay_attention import expand_heads
+from ops.chunkwise.decay_attention import chunk_decay_attention, expand_heads
 from tests.helpers import rel_err
 
 # B, T, H, K, V, C: ragged T, T < C, several K tiles (K = 140) and V tiles (V = 140)
@@ -75,6 +75,10 @@ def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     ref = chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dqi, dki, scale, C)
     for name, x, y in zip(("dq", "dk", "db"), got, ref):
         assert rel_err(x, y) < tol, name
+    if scalar:                                          # the intra-chunk parts formed inside, from dA
+        got = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, None, None, scale, C)
+        for name, x, y in zip(("dq", "dk", "db"), got, ref):
+            assert rel_err(x, y) < tol, f"{name} (intra inside)"
 
 
 @pytest.mark.parametrize("B,T,G,H,D", [(2, 7, 1, 4, 12), (1, 33, 2, 6, 16), (1, 5, 3, 9, 8)])
@@ -85,6 +89,32 @@ def test_expand_heads_copies_each_group_to_its_heads(B, T, G, H, D, device):
     y = expand_heads(x, H)
     assert y.is_contiguous() and torch.equal(y, x.repeat_interleave(H // G, dim=2))
     assert expand_heads(x, G) is x
+
+
+@pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])
+@pytest.mark.parametrize("split", [False, True], ids=["sequential", "split"])
+def test_grouped_q_k_are_read_in_place(scalar, split, device):
+    """q and k shared by groups of heads (Mamba-2's C and B) are read by the kernels where they lie, not copied to
+    every head: the output, the final state and every gradient equal, bit for bit, those of the same call on q and k
+    repeated to every head (each head's kernels compute the same values; dq and dk are summed over a group's heads
+    in both). A kernel reading another head's or group's rows, or striding by the wrong head count, differs at
+    once. Ragged T, two groups of two heads."""
+    B, T, G, H, K, V, C = 1, 37, 2, 4, 8, 5, 16
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    q, k = (torch.randn(B, T, G, K, generator=gen) for _ in range(2))
+    v, h0 = torch.randn(B, T, H, V, generator=gen), torch.randn(B, H, K, V, generator=gen)
+    g = -torch.rand(B, T, H, 1 if scalar else K, generator=gen) * 2
+    leaves = [x.to(device).requires_grad_() for x in (q, k, v, g, h0)]
+
+    def run(expand: bool) -> list[torch.Tensor]:
+        q, k, v, g, h0 = leaves
+        if expand:
+            q, k = q.repeat_interleave(H // G, 2), k.repeat_interleave(H // G, 2)
+        o, ht = chunk_decay_attention(q, k, v, g, K ** -0.5, h0, True, C, split_state=split)
+        return [o, ht, *torch.autograd.grad((o * o).sum() + (ht * ht).sum(), leaves)]
+
+    for a, b in zip(run(False), run(True)):
+        assert torch.equal(a, b), (a - b).abs().max().item()
 
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["gk", "scalar"])

@@ -114,14 +114,14 @@ for _scalar, _step in [(False, True), (True, True), (False, False), (True, False
     _flags = {**_STATE, "SCALAR": _scalar, "STEP": _step}
     _fwd = ({"k": BF16, "v": BF16, "b": _b, "h": BF16, "h0": F32, "ht": F32, "lam": F32}, ("T", "NT", "NS"), (),
             {**_flags, "USE_H0": True, "STORE_HT": True, "SEEDED": False, "reset": None, "hd": None, "HAS_RESET": False,
-             "gap": None, "GAP": False})
+             "gap": None, "GAP": False, "HG": 2})                  # HG: two heads share each k head (Mamba-2's B)
     KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag] = _fwd
     if not _step:                                            # the chunk operator's: the gaps b_L − b read, not formed
         KERNELS["ops.chunkwise.state.chunk_fwd_h_kernel" + _tag + "-gap"] = (
             {**_fwd[0], "gap": F32}, *_fwd[1:3], {**{k: v for k, v in _fwd[3].items() if k != "gap"}, "GAP": True})
     KERNELS["ops.chunkwise.state.chunk_bwd_dh_kernel" + _tag] = (
         {"q": BF16, "do": BF16, "b": _b, "dh": BF16, "dht": F32, "dh0": F32, "lam": F32}, ("T", "NT", "NS"),
-        ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True, "reset": None, "HAS_RESET": False})
+        ("scale",), {**_flags, "USE_DHT": True, "STORE_DH0": True, "reset": None, "HAS_RESET": False, "HG": 2})
     KERNELS["ops.chunkwise.state.state_fixup_kernel" + _tag] = (
         {"h": BF16, "e": F32, "lam": F32, "b": _b, "ht": F32}, ("T", "NT", "NS"), (),
         {**{k: v for k, v in _flags.items() if k != "PREC"}, "REVERSE": _scalar, "STORE_HT": True})
@@ -145,14 +145,17 @@ _with_docs("ops.gated_delta.delta_state.delta_h_bwd_kernel", {"reset": "*i32"}, 
 # the per-key intra-chunk and output backward's second launch (it returns at once unless a chunk's decay exceeds 64,
 # so no training step's capture in check_sm80.py sees it do more), and the residual they read
 _INTRA = ({"q": BF16, "k": BF16, "b": F32, "res": F32, "dA": F32, "dq": F32, "dk": F32}, ("T",), ("scale",),
-          {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "PREC": "tf32", "MAXR": 64.0})
+          {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "PREC": "tf32", "MAXR": 64.0, "HG": 2})
 KERNELS["ops.chunkwise.intra.chunk_intra_bwd_kernel#gk-redo"] = (
     *_INTRA[:3], {**_INTRA[3], "SCALAR": False, "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
     {**{n: BF16 for n in ("q", "k", "v", "h", "dh", "do", "dq", "dk")},
      **{n: F32 for n in ("b", "res", "dA", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
     {"H": 2, "K": 32, "V": 32, "BT": 32, "BK": 32, "BV": 32, "SCALAR": False, "PREC": "tf32", "MAXR": 64.0,
-     "EXACT": True, "REDO": True})
+     "EXACT": True, "REDO": True, "HG": 2, "INTRA": False})
+KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#scalar-intra"] = (       # a scalar decay's intra-chunk parts inside
+    KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"][0], ("T", "NT"), ("scale",),
+    {**KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"][3], "SCALAR": True, "REDO": False, "INTRA": True})
 KERNELS["ops.chunkwise.cumsum.chunk_residual_kernel"] = (
     {"g": F32, "b": F32, "out": F32}, ("T",), (), {"H": 2, "S": 32, "BT": 32, "BS": 32, "MAXR": 64.0})
 KERNELS["ops.triton_utils.sum_partials_kernel"] = ({"x": F32, "out": BF16}, ("P", "N"), (), {"BP": 128, "BN": 32})
