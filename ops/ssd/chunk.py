@@ -48,6 +48,6 @@ def _ssd_stages(x, dt, A, B, C, initial_state, output_final_state: bool, chunk_s
     """The stages on SSD's tensors: q = C, k = B, v = dt·x, g = dt·A."""
     v = (x * dt.unsqueeze(-1)).to(x.dtype)                                      # [B, T, H, P]
     g = (dt.float() * A.float()).unsqueeze(-1)                                  # [B, T, H, 1]
-    # C and B stay per group [B, T, G, N]: chunk_decay_attention expands them per head inside
+    # C and B stay per group [B, T, G, N]: the chunkwise kernels read each head's group in place
     return chunk_decay_attention(C.to(x.dtype), B.to(x.dtype), v, g, 1.0, initial_state, output_final_state,
                                  chunk_size, split_state, docs)
