@@ -9,8 +9,9 @@ db = q ⊙ dq − k ⊙ dk is formed without them: a diagonal pair enters both t
 exactly, and at strong decay it is larger than the true db by up to exp(−g) per step (e^50), far past
 what fp32 can subtract out. Every pair left carries at least one step of decay.
 
-Scalar decay (SCALAR): the decay leaves the dot product, so each chunk is one masked GEMM.
-Per-key-dim decay: the chunk is split into BC-row sub-chunks. An off-diagonal block (I > J) is
+These kernels take a per-key-dim decay. A scalar one leaves the dot product, so each chunk is one masked GEMM,
+formed inside output.py's kernels (chunk_fwd_o_scalar, chunk_bwd_dqkb) and never written here.
+The chunk is split into BC-row sub-chunks. An off-diagonal block (I > J) is
 a GEMM after factorising around r, the first row of block I: exp(b_i − b_r) ≤ 1 on the q side
 and exp(b_r − b_j) ≤ 1 on the k side. A diagonal block is computed column by column,
 elementwise. No exponent is ever positive, so no decay, however strong, overflows.
@@ -75,7 +76,7 @@ def offdiag_scores(q, k, b, i_b, i_h, t_i, t_j, T, H: tl.constexpr, K: tl.conste
 
 @triton.jit
 def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                           BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+                           BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     i_t, i_c, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
@@ -83,21 +84,10 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
     if i_t * BT + i_i * BC >= T:                                # sub-block wholly past the sequence
         return
     o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
-    o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
-    m_i, m_j = o_i < T, o_j < T
+    m_i = o_i < T
     b_A = tl.zeros([BC, BC], dtype=tl.float32)
     if i_i >= i_j:
-        if SCALAR:
-            b_bi = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)
-            b_bj = tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)
-            for i_k in range(tl.cdiv(K, BK)):
-                o_k = i_k * BK + tl.arange(0, BK)
-                b_q = load_rows(q, i_b, i_h, o_i, m_i, o_k, o_k < K, T, H, K)
-                b_kt = load_rows_t(k, i_b, i_h, o_j, m_j, o_k, o_k < K, T, H, K)
-                b_A += tl.dot(b_q, b_kt, input_precision=PREC)
-            keep = (o_i[:, None] >= o_j[None, :]) & m_i[:, None] & m_j[None, :]
-            b_A *= tl.exp(tl.where(keep, b_bi[:, None] - b_bj[None, :], float("-inf")))
-        elif i_i > i_j:
+        if i_i > i_j:
             b_A = offdiag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, i_t * BT + i_j * BC, T, H, K, BC, BK, PREC)
         else:
             b_A = diag_scores(q, k, b, i_b, i_h, i_t * BT + i_i * BC, T, H, K, BC, BK)
@@ -107,8 +97,8 @@ def chunk_intra_fwd_kernel(q, k, b, A, scale, T, H: tl.constexpr, K: tl.constexp
 
 @triton.jit
 def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                           BC: tl.constexpr, BK: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
-                           MAXR: tl.constexpr, EXACT: tl.constexpr, REDO: tl.constexpr, HG: tl.constexpr = 1):
+                           BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, MAXR: tl.constexpr,
+                           EXACT: tl.constexpr, REDO: tl.constexpr, HG: tl.constexpr = 1):
     """One program per (K tile, sub-chunk s, batch·head): dq for rows of s, dk for rows of s, the
     diagonal pairs left out (see the module docstring). EXACT adds r_i − r_j to every exponent b_i − b_j (res: b's
     residual, ops/chunkwise/cumsum.py). REDO returns at once from the chunks whose decay is at most MAXR, so that a
@@ -122,7 +112,7 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
     if i_t * BT + i_s * BC >= T:                                # sub-block wholly past the sequence
         return
     if REDO:
-        if weak_chunk(b, i_b, i_h, i_t, T, H, K, BT, BK, SCALAR, MAXR):
+        if weak_chunk(b, i_b, i_h, i_t, T, H, K, BT, BK, False, MAXR):
             return
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
@@ -131,91 +121,62 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_dk = tl.zeros([BC, BK], dtype=tl.float32)
     o_c = tl.arange(0, BC)
-    if SCALAR:
-        b_bs = tl.load(b + row_offsets(i_b, i_h, o_s, T, H, 1), mask=m_s, other=0.0)
+    b_bs = load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
+    r_s = i_t * BT + i_s * BC                                          # first row of block s
+    b_brs = tl.load(b + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
+    if EXACT:
+        c_s = load_rows(res, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
+        c_rs = tl.load(res + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
+    for i_j in range(i_s):                                             # dq, off-diagonal J < s
+        o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
+        b_k = load_rows(k, i_b, i_h // HG, o_j, o_j < T, o_k, m_k, T, H // HG, K).to(tl.float32)
+        d = b_brs[None, :] - load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
         if EXACT:
-            c_s = tl.load(res + row_offsets(i_b, i_h, o_s, T, H, 1), mask=m_s, other=0.0)
-        for i_j in range(i_s + 1):                                         # dq: blocks J ≤ s
-            o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
-            m_j = o_j < T
-            d = b_bs[:, None] - tl.load(b + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)[None, :]
-            if EXACT:
-                d += c_s[:, None] - tl.load(res + row_offsets(i_b, i_h, o_j, T, H, 1), mask=m_j, other=0.0)[None, :]
-            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
-                           mask=m_s[:, None], other=0.0)
-            keep = (o_s[:, None] > o_j[None, :]) & m_s[:, None] & m_j[None, :]              # off-diagonal
-            b_dA = b_dA * tl.exp(tl.where(keep, d, float("-inf")))
-            b_k = load_rows(k, i_b, i_h // HG, o_j, m_j, o_k, m_k, T, H // HG, K).to(tl.float32)
-            b_dq += tl.dot(b_dA, b_k, input_precision=PREC)
-        for i_i in range(i_s, NC):                                         # dk: blocks I ≥ s
-            o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
-            m_i = o_i < T
-            d = tl.load(b + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)[:, None] - b_bs[None, :]
-            if EXACT:
-                d += tl.load(res + row_offsets(i_b, i_h, o_i, T, H, 1), mask=m_i, other=0.0)[:, None] - c_s[None, :]
-            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
-                           mask=m_i[:, None], other=0.0)
-            keep = (o_i[:, None] > o_s[None, :]) & m_i[:, None] & m_s[None, :]
-            b_dA = b_dA * tl.exp(tl.where(keep, d, float("-inf")))
-            b_q = load_rows(q, i_b, i_h // HG, o_i, m_i, o_k, m_k, T, H // HG, K).to(tl.float32)
-            b_dk += tl.dot(tl.trans(b_dA), b_q, input_precision=PREC)
-    else:
-        b_bs = load_rows(b, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
-        r_s = i_t * BT + i_s * BC                                          # first row of block s
-        b_brs = tl.load(b + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
+            d += c_rs[None, :] - load_rows(res, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
+        b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
+                       mask=m_s[:, None], other=0.0)
+        b_dq += tl.dot(b_dA, b_k * tl.exp(d), input_precision=PREC)
+    d = b_bs - b_brs[None, :]
+    if EXACT:
+        d += c_s - c_rs[None, :]
+    b_dq *= tl.exp(tl.where(m_s[:, None], d, 0.0))
+    for i_i in range(i_s + 1, NC):                                     # dk, off-diagonal I > s
+        o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
+        m_i = o_i < T
+        r = i_t * BT + i_i * BC
+        r_ok = (o_k * 0 + r) < T
+        b_br = tl.load(b + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
+        b_q = load_rows(q, i_b, i_h // HG, o_i, m_i, o_k, m_k, T, H // HG, K).to(tl.float32)
+        d_i = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - b_br[None, :]     # q side, ≤ 0
+        d_s = b_br[None, :] - b_bs                                                    # k side, ≤ 0
         if EXACT:
-            c_s = load_rows(res, i_b, i_h, o_s, m_s, o_k, m_k, T, H, K)
-            c_rs = tl.load(res + row_offsets(i_b, i_h, r_s, T, H, K) + o_k, mask=m_k, other=0.0)
-        for i_j in range(i_s):                                             # dq, off-diagonal J < s
-            o_j = i_t * BT + i_j * BC + tl.arange(0, BC)
-            b_k = load_rows(k, i_b, i_h // HG, o_j, o_j < T, o_k, m_k, T, H // HG, K).to(tl.float32)
-            d = b_brs[None, :] - load_rows(b, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
-            if EXACT:
-                d += c_rs[None, :] - load_rows(res, i_b, i_h, o_j, o_j < T, o_k, m_k, T, H, K)
-            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_s[:, None], T, H, BT) + (i_j * BC + o_c)[None, :],
-                           mask=m_s[:, None], other=0.0)
-            b_dq += tl.dot(b_dA, b_k * tl.exp(d), input_precision=PREC)
-        d = b_bs - b_brs[None, :]
+            c_r = tl.load(res + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
+            d_i += load_rows(res, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - c_r[None, :]
+            d_s += c_r[None, :] - c_s
+        b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
+                       mask=m_i[:, None], other=0.0)
+        b_qg = b_q * tl.exp(tl.where(m_i[:, None], d_i, 0.0))
+        b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
+            tl.exp(tl.where(m_s[:, None] & r_ok[None, :], d_s, float("-inf")))
+    b_q = load_rows(q, i_b, i_h // HG, o_s, m_s, o_k, m_k, T, H // HG, K).to(tl.float32)
+    for j in range(BC):                                # diagonal block, row by row, its diagonal left out
+        t_j = i_t * BT + i_s * BC + j
+        m_jk = m_k & ((o_k * 0 + t_j) < T)
+        b_kj = tl.load(k + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
+                       other=0.0).to(tl.float32)
+        b_qj = tl.load(q + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
+                       other=0.0).to(tl.float32)
+        d = b_bs - tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
         if EXACT:
-            d += c_s - c_rs[None, :]
-        b_dq *= tl.exp(tl.where(m_s[:, None], d, 0.0))
-        for i_i in range(i_s + 1, NC):                                     # dk, off-diagonal I > s
-            o_i = i_t * BT + i_i * BC + tl.arange(0, BC)
-            m_i = o_i < T
-            r = i_t * BT + i_i * BC
-            r_ok = (o_k * 0 + r) < T
-            b_br = tl.load(b + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
-            b_q = load_rows(q, i_b, i_h // HG, o_i, m_i, o_k, m_k, T, H // HG, K).to(tl.float32)
-            d_i = load_rows(b, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - b_br[None, :]     # q side, ≤ 0
-            d_s = b_br[None, :] - b_bs                                                    # k side, ≤ 0
-            if EXACT:
-                c_r = tl.load(res + row_offsets(i_b, i_h, r, T, H, K) + o_k, mask=m_k & r_ok, other=0.0)
-                d_i += load_rows(res, i_b, i_h, o_i, m_i, o_k, m_k, T, H, K) - c_r[None, :]
-                d_s += c_r[None, :] - c_s
-            b_dA = tl.load(dA + row_offsets(i_b, i_h, o_i[:, None], T, H, BT) + (i_s * BC + o_c)[None, :],
-                           mask=m_i[:, None], other=0.0)
-            b_qg = b_q * tl.exp(tl.where(m_i[:, None], d_i, 0.0))
-            b_dk += tl.dot(tl.trans(b_dA), b_qg, input_precision=PREC) * \
-                tl.exp(tl.where(m_s[:, None] & r_ok[None, :], d_s, float("-inf")))
-        b_q = load_rows(q, i_b, i_h // HG, o_s, m_s, o_k, m_k, T, H // HG, K).to(tl.float32)
-        for j in range(BC):                                # diagonal block, row by row, its diagonal left out
-            t_j = i_t * BT + i_s * BC + j
-            m_jk = m_k & ((o_k * 0 + t_j) < T)
-            b_kj = tl.load(k + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
-                           other=0.0).to(tl.float32)
-            b_qj = tl.load(q + row_offsets(i_b, i_h // HG, t_j, T, H // HG, K) + o_k, mask=m_jk,
-                           other=0.0).to(tl.float32)
-            d = b_bs - tl.load(b + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
-            if EXACT:
-                d += c_s - tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
-            # column j of dA (rows i > j of block s) → dq rows; row j of dA (cols < j) → dk rows
-            dA_col = tl.load(dA + row_offsets(i_b, i_h, o_s, T, H, BT) + i_s * BC + j, mask=m_s, other=0.0)
-            dA_row = tl.load(dA + row_offsets(i_b, i_h, t_j, T, H, BT) + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
-            e_col = tl.exp(tl.where((o_c > j)[:, None] & m_s[:, None], d, float("-inf")))
-            e_row = tl.exp(tl.where((o_c < j)[:, None] & m_s[:, None] & ((o_c * 0 + t_j) < T)[:, None], -d,
-                                    float("-inf")))
-            b_dq += dA_col[:, None] * b_kj[None, :] * e_col
-            b_dk += dA_row[:, None] * b_qj[None, :] * e_row
+            d += c_s - tl.load(res + row_offsets(i_b, i_h, t_j, T, H, K) + o_k, mask=m_jk, other=0.0)[None, :]
+        # column j of dA (rows i > j of block s) → dq rows; row j of dA (cols < j) → dk rows
+        dA_col = tl.load(dA + row_offsets(i_b, i_h, o_s, T, H, BT) + i_s * BC + j, mask=m_s, other=0.0)
+        dA_row = tl.load(dA + row_offsets(i_b, i_h, t_j, T, H, BT) + i_s * BC + o_c, mask=(o_c * 0 + t_j) < T, other=0.0)
+        e_col = tl.exp(tl.where((o_c > j)[:, None] & m_s[:, None], d, float("-inf")))
+        e_row = tl.exp(tl.where((o_c < j)[:, None] & m_s[:, None] & ((o_c * 0 + t_j) < T)[:, None], -d,
+                                float("-inf")))
+        b_dq += dA_col[:, None] * b_kj[None, :] * e_col
+        b_dk += dA_row[:, None] * b_qj[None, :] * e_row
     p = row_offsets(i_b, i_h, o_s[:, None], T, H, K) + o_k[None, :]
     m = m_s[:, None] & m_k[None, :]
     tl.store(dq + p, b_dq * scale, mask=m)
@@ -223,43 +184,46 @@ def chunk_intra_bwd_kernel(q, k, b, res, dA, dq, dk, scale, T, H: tl.constexpr, 
 
 
 def chunk_intra_fwd(q, k, b, scale: float, chunk_size: int, sub_chunk: int = 16, **launch) -> torch.Tensor:
-    """q, k: [B, T, H, K]; b: [B, T, H, K|1] fp32 → A [B, T, H, C] in q's dtype (scale included;
+    """q, k: [B, T, H, K]; b: [B, T, H, K] fp32 → A [B, T, H, C] in q's dtype (scale included;
     accumulated in fp32, stored in the dtype both of its consumers cast it to before their dots).
     launch: num_warps / num_stages for the kernel."""
+    _per_key("chunk_intra_fwd", b, "output.chunk_fwd_o_scalar forms a scalar decay's A")
     B, T, H, K = q.shape
     BC = min(sub_chunk, chunk_size)
     A = torch.empty(B, T, H, chunk_size, dtype=q.dtype, device=q.device)
     NC = chunk_size // BC
     grid = (cdiv(T, chunk_size), NC * NC, B * H)
-    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), b.shape[-1] == 1, dot_precision(q),
+    chunk_intra_fwd_kernel[grid](q, k, b, A, scale, T, H, K, chunk_size, BC, tile(K), dot_precision(q),
                                  **(dict(num_warps=2, num_stages=2) | launch))   # the best of an H100 sweep
     return A
 
 
-# The backward's launch, the best of an H100 sweep at the benchmark shapes: unpipelined 4-warp programs for a
-# per-key decay (0.85-0.93 of the kernel's time at Triton's default 3 stages), 32-row sub-chunks on 2 warps for a
-# scalar decay (0.86-0.89).
+# The backward's launch, the best of an H100 sweep at the benchmark shapes: unpipelined 4-warp programs (0.85-0.93 of
+# the kernel's time at Triton's default 3 stages).
 INTRA_BWD_LAUNCH = dict(num_warps=4, num_stages=1)
-INTRA_BWD_SCALAR_LAUNCH = dict(num_warps=2, num_stages=2)
 
 
-def chunk_intra_bwd(q, k, b, res, dA, scale: float, chunk_size: int, sub_chunk: int | None = None, **launch):
+def chunk_intra_bwd(q, k, b, res, dA, scale: float, chunk_size: int, sub_chunk: int = 16, **launch):
     """dA: [B, T, H, C] fp32 → the intra-chunk parts of dq, dk: [B, T, H, K] fp32, from the strictly lower
-    pairs j < i (the diagonal's share is output.chunk_bwd_dqkb's). res: b's residual (cumsum.chunk_residual).
-    sub_chunk: rows a program takes (None: 32 for a scalar decay, else 16); launch: num_warps / num_stages.
+    pairs j < i (the diagonal's share is output.chunk_bwd_dqkb's). b: [B, T, H, K]; res: b's residual
+    (cumsum.chunk_residual). sub_chunk: rows a program takes; launch: num_warps / num_stages.
     q, k may be shared by groups of heads ([B, T, G, K], as chunk_fwd_h's k); dq, dk are per head."""
+    _per_key("chunk_intra_bwd", b, "output.chunk_bwd_dqkb forms a scalar decay's parts with dq_intra=None")
     B, T, G, K = q.shape
     H = dA.shape[2]
-    scalar = b.shape[-1] == 1
-    BC, BK = min(sub_chunk or (32 if scalar else 16), chunk_size), tile(K)
+    BC, BK = min(sub_chunk, chunk_size), tile(K)
     dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
     dk = torch.empty_like(dq)
     grid = (cdiv(K, BK) * (chunk_size // BC), cdiv(T, chunk_size), B * H)
-    launch = (INTRA_BWD_SCALAR_LAUNCH if scalar else INTRA_BWD_LAUNCH) | launch
-    for exact, redo in residual_launches(scalar):
-        chunk_intra_bwd_kernel[grid](q, k, b, res, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, scalar,
-                                     dot_precision(q), RESIDUAL_FROM, exact, redo, HG=H // G, **launch)
+    for exact, redo in residual_launches(False):
+        chunk_intra_bwd_kernel[grid](q, k, b, res, dA, dq, dk, scale, T, H, K, chunk_size, BC, BK, dot_precision(q),
+                                     RESIDUAL_FROM, exact, redo, HG=H // G, **(INTRA_BWD_LAUNCH | launch))
     return dq, dk
+
+
+def _per_key(name: str, b: torch.Tensor, instead: str) -> None:
+    if b.shape[-1] == 1:
+        raise ValueError(f"{name}: takes a per-key-dim decay (b [B, T, H, K]), got a scalar one; {instead}")
 
 
 def chunk_intra_fwd_ref(q, k, b, scale: float, chunk_size: int) -> torch.Tensor:

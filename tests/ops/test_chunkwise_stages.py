@@ -54,13 +54,15 @@ def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     h, ht = chunk_fwd_h(k, v, b, h0, True, C)
     h_ref, ht_ref = chunk_fwd_h_ref(k, v, b, h0, C)
     assert h.dtype == dtype and rel_err(h, h_ref) < tol and rel_err(ht, ht_ref) < tol, "h"
-    A = chunk_intra_fwd(q, k, b, scale, C)
+    if scalar:                                          # A formed inside the output kernel, once per V tile
+        o2, A = chunk_fwd_o_scalar(q, k, v, b, h, scale, C)
+        assert rel_err(o2, chunk_fwd_o_ref(q, v, b, h, A, scale, C)) < tol, "o (inline A)"
+        with pytest.raises(ValueError, match="per-key-dim decay"):
+            chunk_intra_fwd(q, k, b, scale, C)
+    else:
+        A = chunk_intra_fwd(q, k, b, scale, C)
     assert rel_err(A, chunk_intra_fwd_ref(q, k, b, scale, C)) < tol, "A"
     assert rel_err(chunk_fwd_o(q, v, b, h, A, scale, C), chunk_fwd_o_ref(q, v, b, h, A, scale, C)) < tol, "o"
-    if scalar:                                          # A formed inside the output kernel, once per V tile
-        o2, A2 = chunk_fwd_o_scalar(q, k, v, b, h, scale, C)
-        assert rel_err(A2, chunk_intra_fwd_ref(q, k, b, scale, C)) < tol, "A (inline)"
-        assert rel_err(o2, chunk_fwd_o_ref(q, v, b, h, A2, scale, C)) < tol, "o (inline A)"
     dh, dh0 = chunk_bwd_dh(q, do, b, dht, True, scale, C)
     dh_ref, dh0_ref = chunk_bwd_dh_ref(q, do, b, dht, scale, C)
     assert rel_err(dh, dh_ref) < tol and rel_err(dh0, dh0_ref) < tol, "dh"
@@ -68,9 +70,14 @@ def test_stages_match_refs(case, dtype, scalar, device, poison_empty):
     assert rel_err(dA, chunk_bwd_dA_ref(do, v, C)) < tol, "dA"
     assert rel_err(chunk_bwd_dv(k, b, A, do, dh, C), chunk_bwd_dv_ref(k, b, A, do, dh, C)) < tol, "dv"
     res = torch.zeros_like(b)                           # b taken as exact: its residual is 0
-    dqi, dki = chunk_intra_bwd(q, k, b, res, dA, scale, C)
     dqi_ref, dki_ref = chunk_intra_bwd_ref(q, k, b, dA, scale, C)
-    assert rel_err(dqi, dqi_ref) < tol and rel_err(dki, dki_ref) < tol, "intra dq, dk"
+    if scalar:                                          # formed inside chunk_bwd_dqkb (below), never by this stage
+        dqi, dki = dqi_ref, dki_ref
+        with pytest.raises(ValueError, match="per-key-dim decay"):
+            chunk_intra_bwd(q, k, b, res, dA, scale, C)
+    else:
+        dqi, dki = chunk_intra_bwd(q, k, b, res, dA, scale, C)
+        assert rel_err(dqi, dqi_ref) < tol and rel_err(dki, dki_ref) < tol, "intra dq, dk"
     got = chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dqi, dki, scale, C)
     ref = chunk_bwd_dqkb_ref(q, k, v, b, h, dh, do, dqi, dki, scale, C)
     for name, x, y in zip(("dq", "dk", "db"), got, ref):

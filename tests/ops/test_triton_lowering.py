@@ -147,7 +147,7 @@ _with_docs("ops.gated_delta.delta_state.delta_h_bwd_kernel", {"reset": "*i32"}, 
 _INTRA = ({"q": BF16, "k": BF16, "b": F32, "res": F32, "dA": F32, "dq": F32, "dk": F32}, ("T",), ("scale",),
           {"H": 2, "K": 32, "BT": 32, "BC": 16, "BK": 32, "PREC": "tf32", "MAXR": 64.0, "HG": 2})
 KERNELS["ops.chunkwise.intra.chunk_intra_bwd_kernel#gk-redo"] = (
-    *_INTRA[:3], {**_INTRA[3], "SCALAR": False, "EXACT": True, "REDO": True})
+    *_INTRA[:3], {**_INTRA[3], "EXACT": True, "REDO": True})
 KERNELS["ops.chunkwise.output.chunk_bwd_dqkb_kernel#gk-redo"] = (
     {**{n: BF16 for n in ("q", "k", "v", "h", "dh", "do", "dq", "dk")},
      **{n: F32 for n in ("b", "res", "dA", "dq_intra", "dk_intra", "db")}}, ("T", "NT"), ("scale",),
