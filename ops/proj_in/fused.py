@@ -243,7 +243,7 @@ def gk_bwd(low: torch.Tensor, w_up: torch.Tensor, b_up: torch.Tensor, dgk: torch
     db_p = torch.empty(ranges, HK, **f32)
     gk_bwd_kernel[(n_col, ranges)](low, w_up, b_up, dgk, dlow_p, dwu_p, db_p, M, HK, L, inv_norm, rows,
                                    PREC=dot_precision(low), **t, **opts)
-    return sum_partials(dlow_p, low.dtype), sum_partials(dwu_p).t().contiguous().to(w_dtype), sum_partials(db_p)
+    return sum_partials(dlow_p, low.dtype), sum_partials(dwu_p, w_dtype).t().contiguous(), sum_partials(db_p)
 
 
 # The engine pairs by name (the operators' `engine` argument): the forward GEMM and dx (module docstring).
