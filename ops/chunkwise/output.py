@@ -176,8 +176,8 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
     chunk_fwd_o_kernel's; dq, dk and the intra-chunk parts are per head. INTRA (scalar decay): the intra-chunk
     parts are formed here, M = dA ⊙ exp(b_i − b_j) over the strictly lower pairs j < i of the chunk, dq += scale M k
     and dk += scale Mᵀ q (chunk_intra_bwd's sums as two dots; the exponents add r_i − r_j with EXACT), instead of
-    read from dq_intra and dk_intra. M is rounded to q's dtype for the dots: bf16 operands take the kernel 21–26 %
-    less time than TF32 on fp32 copies at the SSD and Gated DeltaNet layers (H200); fp32 inputs stay exact."""
+    read from dq_intra and dk_intra. M is rounded to q's dtype for the dots: bf16 operands take the kernel about a
+    quarter less time than TF32 on fp32 copies at the SSD and Gated DeltaNet layers (H200); fp32 inputs stay exact."""
     i_k, i_t, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = i_bh // H, i_bh % H
     if REDO:
@@ -227,8 +227,8 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
         keep = (o_t[:, None] > o_t[None, :]) & m_t[:, None] & m_t[None, :]
         # M rounded to q's dtype, as the forward rounds A for A v: bf16 tensor-core dots, not TF32 on fp32 copies
         b_M = (b_M * tl.exp(tl.where(keep, d, float("-inf")))).to(q.dtype.element_ty)
-        b_dq += tl.dot(b_M, b_k16, input_precision=PREC) * scale
-        b_dki = tl.dot(tl.trans(b_M), b_q16, input_precision=PREC) * scale
+        b_dq += tl.dot(b_M, b_k16.to(b_M.dtype), input_precision=PREC) * scale
+        b_dki = tl.dot(tl.trans(b_M), b_q16.to(b_M.dtype), input_precision=PREC) * scale
     else:
         b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
         b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
@@ -319,8 +319,8 @@ def chunk_bwd_dqkb(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, scale: fl
     if intra and not scalar:
         raise ValueError("chunk_bwd_dqkb: the intra-chunk parts are formed in the kernel only for a scalar decay; "
                          "pass chunk_intra_bwd's dq_intra and dk_intra for a per-key one")
-    # bf16 intra dots on K tiles under 64 wide come out wrong on Hopper at 4 warps (Triton 3.6: dq 0.3 off at
-    # K = 16-32; right at 8 warps or 64 wide), so those take one 64-wide masked tile
+    # bf16 intra dots on K tiles under 64 wide come out wrong on Hopper at 4 warps (Triton 3.6: dq 0.3 and db 0.7
+    # off at K = 16-32; right at 8 warps or 64 wide), so those take one 64-wide masked tile
     BK, BV = (64 if intra and q.dtype != torch.float32 else tile(K)), tile(V)
     NK = cdiv(K, BK)
     dq, dk = (torch.empty(B, T, H, K, dtype=x.dtype, device=x.device) for x in (q, k))
