@@ -228,7 +228,7 @@ def chunk_bwd_dqkb_kernel(q, k, v, b, res, h, dh, do, dA, dq_intra, dk_intra, dq
         # M rounded to q's dtype, as the forward rounds A for A v: bf16 tensor-core dots, not TF32 on fp32 copies
         b_M = (b_M * tl.exp(tl.where(keep, d, float("-inf")))).to(q.dtype.element_ty)
         b_dq += tl.dot(b_M, b_k16.to(b_M.dtype), input_precision=PREC) * scale
-        b_dki = tl.dot(tl.trans(b_M), b_q16.to(b_M.dtype), input_precision=PREC) * scale
+        b_dki = tl.dot(tl.trans(b_M), b_q16, input_precision=PREC) * scale
     else:
         b_dq += tl.load(dq_intra + p, mask=m_tk, other=0.0)
         b_dki = tl.load(dk_intra + p, mask=m_tk, other=0.0)
