@@ -108,9 +108,9 @@ def has_triton_cuda_backend() -> bool:
     return "nvidia" in backends
 
 
-def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
-    """Σ_{b,t} |dt ∂g| per head [H]: the terms ∂A sums, ∂g from the GLA recurrence in fp64 with q = C, k = B,
-    v = dt·x (groups expanded to heads)."""
+def ssd_dg(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
+    """[B, T, H]: SSD's ∂g (g = dt·A) from the GLA recurrence in fp64 with q = C, k = B, v = dt·x (groups expanded
+    to heads), for output gradients dy and final-state gradient dh."""
     from ops.gla.naive import gla_recurrent
 
     H, G = x.shape[2], Bm.shape[2]
@@ -118,24 +118,23 @@ def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
     Bh, Ch = (m.repeat_interleave(H // G, dim=2) for m in (Bm, Cm))
     y, s = gla_recurrent(Ch, Bh, x * dt[..., None], g, 1.0, h0, True)
     (dg,) = torch.autograd.grad((y * dy).sum() + (s * dh).sum(), g)
-    return (dt[..., None] * dg).abs().sum(dim=(0, 1, 3))
+    return dg[..., 0]
+
+
+def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
+    """Σ_{b,t} |dt ∂g| per head [H]: the terms ∂A sums (ssd_dg)."""
+    return (dt * ssd_dg(x, dt, A, Bm, Cm, h0, dy, dh)).abs().sum(dim=(0, 1))
 
 
 def chunkwise_dg_terms(x, dt, A, Bm, Cm, h0, dy, dh, chunk_size: int = 64) -> torch.Tensor:
     """[B, T, H] fp64: the scale of fp32's error in SSD's ∂g_t as the chunkwise backward forms it, ∂g_t = Σ_{s ≥ t}
-    ∂b_s over t's chunk (b the chunk-local cumsum of g, ∂b_s = ∂g_s − ∂g_{s+1}; ∂g from the GLA recurrence with
-    q = C, k = B, v = dt·x): the larger of |∂g_t| and (Σ_{s ≥ t} ∂b_s²)^½, the rounding of the summands added in
-    quadrature. The suffix adds ∂b of the steps after t, which cancel where no pair of theirs spans step t: after
-    strong steps, a weak one's ∂b dwarfs the strong steps' ∂g, and ∂g keeps its rounding."""
-    from ops.gla.naive import gla_recurrent
-
-    H, G = x.shape[2], Bm.shape[2]
-    g = (dt * A)[..., None].requires_grad_()
-    Bh, Ch = (m.repeat_interleave(H // G, dim=2) for m in (Bm, Cm))
-    y, s = gla_recurrent(Ch, Bh, x * dt[..., None], g, 1.0, h0, True)
-    (dg,) = torch.autograd.grad((y * dy).sum() + (s * dh).sum(), g)
+    ∂b_s over t's chunk (b the chunk-local cumsum of g, ∂b_s = ∂g_s − ∂g_{s+1}; ∂g as ssd_dg): the larger of |∂g_t|
+    and (Σ_{s ≥ t} ∂b_s²)^½, the rounding of the summands added in quadrature. The suffix adds ∂b of the steps after
+    t, which cancel where no pair of theirs spans step t: after strong steps, a weak one's ∂b dwarfs the strong
+    steps' ∂g, and ∂g keeps its rounding."""
+    dg = ssd_dg(x, dt, A, Bm, Cm, h0, dy, dh)
     T = dg.shape[1]
-    chunks = torch.nn.functional.pad(dg[..., 0], (0, 0, 0, -T % chunk_size)).unflatten(1, (-1, chunk_size))
+    chunks = torch.nn.functional.pad(dg, (0, 0, 0, -T % chunk_size)).unflatten(1, (-1, chunk_size))
     db = chunks - torch.nn.functional.pad(chunks[:, :, 1:], (0, 0, 0, 1))                 # a chunk's last: ∂g_L
     suffix = db.square().flip(2).cumsum(2).flip(2).sqrt().flatten(1, 2)[:, :T]
-    return torch.maximum(dg[..., 0].abs(), suffix)
+    return torch.maximum(dg.abs(), suffix)
