@@ -127,14 +127,16 @@ def dA_terms(x, dt, A, Bm, Cm, h0, dy, dh) -> torch.Tensor:
 
 
 def chunkwise_dg_terms(x, dt, A, Bm, Cm, h0, dy, dh, chunk_size: int = 64) -> torch.Tensor:
-    """[B, T, H] fp64: the scale of fp32's error in SSD's ∂g_t as the chunkwise backward forms it, ∂g_t = Σ_{s ≥ t}
-    ∂b_s over t's chunk (b the chunk-local cumsum of g, ∂b_s = ∂g_s − ∂g_{s+1}; ∂g as ssd_dg): the larger of |∂g_t|
-    and (Σ_{s ≥ t} ∂b_s²)^½, the rounding of the summands added in quadrature. The suffix adds ∂b of the steps after
-    t, which cancel where no pair of theirs spans step t: after strong steps, a weak one's ∂b dwarfs the strong
-    steps' ∂g, and ∂g keeps its rounding."""
+    """[B, T, H]: the scale of fp32's error in SSD's ∂g_t as the chunkwise backward forms it, ∂g_t = Σ_{s ≥ t} ∂b_s
+    over t's chunk (b the chunk-local cumsum of g, ∂b_s = ∂g_s − ∂g_{s+1}, ∂g_L at a chunk's last row L; ∂g as
+    ssd_dg): the larger of |∂g_t| and (Σ_{s ≥ t} ∂b_s²)^½, the rounding of the summands added in quadrature. The
+    suffix adds ∂b of the steps after t, which cancel where no pair of theirs spans step t: after strong steps, a
+    weak one's ∂b dwarfs the strong steps' ∂g, and ∂g keeps its rounding."""
+    from ops.chunkwise.cumsum import chunk_cumsum_ref
+
     dg = ssd_dg(x, dt, A, Bm, Cm, h0, dy, dh)
-    T = dg.shape[1]
-    chunks = torch.nn.functional.pad(dg, (0, 0, 0, -T % chunk_size)).unflatten(1, (-1, chunk_size))
-    db = chunks - torch.nn.functional.pad(chunks[:, :, 1:], (0, 0, 0, 1))                 # a chunk's last: ∂g_L
-    suffix = db.square().flip(2).cumsum(2).flip(2).sqrt().flatten(1, 2)[:, :T]
+    t = torch.arange(dg.shape[1], device=dg.device)
+    last = (t % chunk_size == chunk_size - 1) | (t == dg.shape[1] - 1)
+    db = dg - torch.nn.functional.pad(dg[:, 1:], (0, 0, 0, 1)).masked_fill(last[:, None], 0.0)
+    suffix = chunk_cumsum_ref(db.square()[..., None], chunk_size, reverse=True)[..., 0].sqrt()
     return torch.maximum(dg.abs(), suffix)
